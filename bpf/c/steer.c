@@ -1,0 +1,359 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR MIT)
+/*
+ * steer.c: bypassd's XDP steering program.
+ *
+ * For every frame received on the interface it decides between two
+ * outcomes only: redirect into the AF_XDP socket that owns the flow, or
+ * XDP_PASS to the kernel stack. It never drops: anything it does not
+ * understand (ARP, ICMP, ND, TCP for now, truncated headers, unknown ports)
+ * goes to the kernel unchanged, so attaching it cannot break the host's
+ * normal networking.
+ *
+ * Layouts of flow_key, flow_val, frag_key and the counter indexes are
+ * mirrored in Go (bpf/flow.go); the Go tests check them against this
+ * object's BTF.
+ */
+#include "bpfdefs.h"
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+/* Defaults; the Go loader may override max_entries before loading. */
+#define MAX_FLOWS 65536
+#define MAX_SOCKETS 64
+#define MAX_FRAGS 8192
+
+#define MAX_VLAN_TAGS 2
+/* Hop-by-hop, routing, fragment, two destination-options headers and one
+ * spare: more than any legitimate UDP packet carries. */
+#define MAX_IPV6_EXT_HDRS 6
+
+/* Keys hold addresses as 16 bytes; IPv4 as ::ffff:a.b.c.d. Ports are in
+ * network byte order, exactly as on the wire. A 3-tuple (any source) entry
+ * has saddr all zero and sport 0. */
+struct flow_key {
+	__u8 proto;
+	__u8 pad[3];
+	__be16 dport;
+	__be16 sport;
+	__u8 daddr[16];
+	__u8 saddr[16];
+};
+
+struct flow_val {
+	__u32 slot;  /* index into xsks */
+	__u32 flags; /* reserved, written as 0 */
+};
+
+/* Identity of one fragmented datagram. proto is the IPv4 protocol field or
+ * the Next Header of the IPv6 Fragment header (identical in every fragment
+ * of a datagram). id is the IPv4 Identification (16 bits) or IPv6
+ * Identification (32 bits), kept as raw wire bytes. */
+struct frag_key {
+	__u8 family;
+	__u8 proto;
+	__u8 pad[2];
+	__u32 id;
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
+enum counter_idx {
+	CNT_REDIRECTED = 0, /* frames redirected into an XSK (fragments included) */
+	CNT_PASSED,         /* frames that are not ours: XDP_PASS */
+	CNT_NO_SOCKET,      /* matched a flow but no XSK at the slot / redirect refused */
+	CNT_FRAGMENTS,      /* IP fragments redirected (subset of CNT_REDIRECTED) */
+	CNT_MALFORMED,      /* truncated or inconsistent headers: XDP_PASS */
+	CNT_MAX,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_FLOWS);
+	__type(key, struct flow_key);
+	__type(value, struct flow_val);
+} flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_XSKMAP);
+	__uint(max_entries, MAX_SOCKETS);
+	__type(key, __u32);
+	__type(value, __u32);
+} xsks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_FRAGS);
+	__type(key, struct frag_key);
+	__type(value, __u32);
+} frags SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+enum frag_kind {
+	FRAG_NONE = 0, /* a whole datagram (includes IPv6 atomic fragments) */
+	FRAG_FIRST,    /* offset 0, more fragments follow: carries the UDP header */
+	FRAG_LATER,    /* offset != 0: no UDP header */
+};
+
+enum parse_result {
+	PARSE_UDP,       /* key holds a full UDP 5-tuple */
+	PARSE_LATER_FRAG, /* frag holds the identity of a non-first fragment */
+	PARSE_NOT_OURS,
+	PARSE_MALFORMED,
+};
+
+struct packet {
+	struct flow_key key;
+	struct frag_key frag;
+	__u8 frag_kind;
+	__u8 last_frag; /* FRAG_LATER with More Fragments clear */
+};
+
+static __always_inline void count(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&counters, &idx);
+
+	/* Per-CPU slot: a plain increment is race-free. */
+	if (v)
+		*v += 1;
+}
+
+static __always_inline void set_v4_mapped(__u8 dst[16], const __u8 src[4])
+{
+	__builtin_memset(dst, 0, 10);
+	dst[10] = 0xff;
+	dst[11] = 0xff;
+	__builtin_memcpy(dst + 12, src, 4);
+}
+
+static __always_inline int parse_udp(void *cur, void *data_end,
+				     struct packet *p)
+{
+	struct udphdr *udp = cur;
+
+	if ((void *)(udp + 1) > data_end)
+		return PARSE_MALFORMED;
+	p->key.proto = IPPROTO_UDP;
+	p->key.dport = udp->dest;
+	p->key.sport = udp->source;
+	return PARSE_UDP;
+}
+
+static __always_inline int parse_ipv4(void *cur, void *data_end,
+				      struct packet *p)
+{
+	struct iphdr *iph = cur;
+	__u32 ihl;
+	__u16 frag;
+
+	if ((void *)(iph + 1) > data_end)
+		return PARSE_MALFORMED;
+	if ((iph->ihl_version >> 4) != 4)
+		return PARSE_MALFORMED;
+	ihl = iph->ihl_version & 0x0f;
+	if (ihl < 5)
+		return PARSE_MALFORMED;
+
+	set_v4_mapped(p->key.daddr, iph->daddr);
+	set_v4_mapped(p->key.saddr, iph->saddr);
+
+	frag = bpf_ntohs(iph->frag_off);
+	if (frag & (IP_MF | IP_OFFSET)) {
+		p->frag.family = AF_INET;
+		p->frag.proto = iph->protocol;
+		p->frag.id = iph->id;
+		__builtin_memcpy(p->frag.saddr, p->key.saddr, 16);
+		__builtin_memcpy(p->frag.daddr, p->key.daddr, 16);
+		if (frag & IP_OFFSET) {
+			p->frag_kind = FRAG_LATER;
+			p->last_frag = !(frag & IP_MF);
+			return iph->protocol == IPPROTO_UDP ? PARSE_LATER_FRAG
+							    : PARSE_NOT_OURS;
+		}
+		p->frag_kind = FRAG_FIRST;
+	}
+
+	if (iph->protocol != IPPROTO_UDP)
+		return PARSE_NOT_OURS;
+	/* IHL is 4 bits, so the variable offset stays bounded (<= 60) for the
+	 * verifier; options are skipped, not interpreted. */
+	return parse_udp(cur + ihl * 4, data_end, p);
+}
+
+static __always_inline int parse_ipv6(void *cur, void *data_end,
+				      struct packet *p)
+{
+	struct ipv6hdr *ip6 = cur;
+	__u8 nexthdr;
+	int i;
+
+	if ((void *)(ip6 + 1) > data_end)
+		return PARSE_MALFORMED;
+	if ((ip6->priority_version >> 4) != 6)
+		return PARSE_MALFORMED;
+
+	__builtin_memcpy(p->key.daddr, ip6->daddr, 16);
+	__builtin_memcpy(p->key.saddr, ip6->saddr, 16);
+	nexthdr = ip6->nexthdr;
+	cur = ip6 + 1;
+
+#pragma unroll
+	for (i = 0; i < MAX_IPV6_EXT_HDRS; i++) {
+		if (nexthdr == IPPROTO_HOPOPTS || nexthdr == IPPROTO_ROUTING ||
+		    nexthdr == IPPROTO_DSTOPTS) {
+			struct ipv6_opt_hdr *opt = cur;
+
+			if ((void *)(opt + 1) > data_end)
+				return PARSE_MALFORMED;
+			nexthdr = opt->nexthdr;
+			/* hdrlen is 8 bits: each step adds at most 2048 bytes,
+			 * keeping the offset bounded for the verifier. */
+			cur += ((__u32)opt->hdrlen + 1) * 8;
+		} else if (nexthdr == IPPROTO_FRAGMENT) {
+			struct frag_hdr *fh = cur;
+			__u16 off;
+
+			if ((void *)(fh + 1) > data_end)
+				return PARSE_MALFORMED;
+			if (p->frag.family)
+				return PARSE_MALFORMED; /* two Fragment headers */
+			off = bpf_ntohs(fh->frag_off);
+			nexthdr = fh->nexthdr;
+			cur = fh + 1;
+			if (!(off & (IP6_OFFSET | IP6_MF)))
+				continue; /* atomic fragment: a whole datagram (RFC 6946) */
+			p->frag.family = AF_INET6;
+			p->frag.proto = nexthdr;
+			p->frag.id = fh->identification;
+			__builtin_memcpy(p->frag.saddr, p->key.saddr, 16);
+			__builtin_memcpy(p->frag.daddr, p->key.daddr, 16);
+			if (off & IP6_OFFSET) {
+				p->frag_kind = FRAG_LATER;
+				p->last_frag = !(off & IP6_MF);
+				return PARSE_LATER_FRAG;
+			}
+			p->frag_kind = FRAG_FIRST;
+		} else {
+			break;
+		}
+	}
+
+	if (nexthdr != IPPROTO_UDP)
+		return PARSE_NOT_OURS; /* includes chains longer than we walk */
+	return parse_udp(cur, data_end, p);
+}
+
+static __always_inline int parse(struct xdp_md *ctx, struct packet *p)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	void *cur;
+	__u16 proto;
+	int i;
+
+	if ((void *)(eth + 1) > data_end)
+		return PARSE_MALFORMED;
+	proto = eth->h_proto;
+	cur = eth + 1;
+
+#pragma unroll
+	for (i = 0; i < MAX_VLAN_TAGS; i++) {
+		struct vlan_hdr *vh = cur;
+
+		if (proto != bpf_htons(ETH_P_8021Q) &&
+		    proto != bpf_htons(ETH_P_8021AD))
+			break;
+		if ((void *)(vh + 1) > data_end)
+			return PARSE_MALFORMED;
+		proto = vh->h_vlan_encapsulated_proto;
+		cur = vh + 1;
+	}
+
+	if (proto == bpf_htons(ETH_P_IP))
+		return parse_ipv4(cur, data_end, p);
+	if (proto == bpf_htons(ETH_P_IPV6))
+		return parse_ipv6(cur, data_end, p);
+	return PARSE_NOT_OURS;
+}
+
+/* Redirects into xsks[slot] if a socket is there. The explicit lookup makes
+ * NO_SOCKET exact; bpf_redirect_map's XDP_PASS fallback still covers a
+ * socket removed between the lookup and the redirect. */
+static __always_inline int redirect(__u32 slot, int fragment)
+{
+	long act;
+
+	if (!bpf_map_lookup_elem(&xsks, &slot)) {
+		count(CNT_NO_SOCKET);
+		return XDP_PASS;
+	}
+	act = bpf_redirect_map(&xsks, slot, XDP_PASS);
+	if (act != XDP_REDIRECT) {
+		count(CNT_NO_SOCKET);
+		return XDP_PASS;
+	}
+	count(CNT_REDIRECTED);
+	if (fragment)
+		count(CNT_FRAGMENTS);
+	return XDP_REDIRECT;
+}
+
+SEC("xdp")
+int steer(struct xdp_md *ctx)
+{
+	struct packet p;
+	struct flow_val *val;
+	__u32 *fslot;
+	__u32 slot;
+
+	__builtin_memset(&p, 0, sizeof(p));
+
+	switch (parse(ctx, &p)) {
+	case PARSE_UDP:
+		break;
+	case PARSE_LATER_FRAG:
+		/* Only a first fragment that matched a flow records the
+		 * identity; a later fragment overtaking its first fragment
+		 * therefore goes to the kernel. */
+		fslot = bpf_map_lookup_elem(&frags, &p.frag);
+		if (!fslot) {
+			count(CNT_PASSED);
+			return XDP_PASS;
+		}
+		slot = *fslot;
+		if (p.last_frag)
+			bpf_map_delete_elem(&frags, &p.frag);
+		return redirect(slot, 1);
+	case PARSE_MALFORMED:
+		count(CNT_MALFORMED);
+		return XDP_PASS;
+	default:
+		count(CNT_PASSED);
+		return XDP_PASS;
+	}
+
+	val = bpf_map_lookup_elem(&flows, &p.key);
+	if (!val) {
+		__builtin_memset(p.key.saddr, 0, sizeof(p.key.saddr));
+		p.key.sport = 0;
+		val = bpf_map_lookup_elem(&flows, &p.key);
+	}
+	if (!val) {
+		/* A recycled identity (IPv4 IDs wrap quickly) must not pull
+		 * this datagram's later fragments into an old flow's socket. */
+		if (p.frag_kind == FRAG_FIRST)
+			bpf_map_delete_elem(&frags, &p.frag);
+		count(CNT_PASSED);
+		return XDP_PASS;
+	}
+	slot = val->slot;
+	if (p.frag_kind == FRAG_FIRST)
+		bpf_map_update_elem(&frags, &p.frag, &slot, BPF_ANY);
+	return redirect(slot, p.frag_kind != FRAG_NONE);
+}

@@ -1,0 +1,394 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// AttachMode selects where in the receive path the program runs.
+type AttachMode int
+
+const (
+	// ModeAuto tries native (driver) mode and falls back to generic mode if
+	// the driver refuses; Program.Mode reports which one was used.
+	ModeAuto AttachMode = iota
+	// ModeNative runs the program in the driver (XDP_FLAGS_DRV_MODE).
+	ModeNative
+	// ModeGeneric runs the program on the skb path (XDP_FLAGS_SKB_MODE);
+	// works on every interface, slower.
+	ModeGeneric
+)
+
+func (m AttachMode) String() string {
+	switch m {
+	case ModeAuto:
+		return "auto"
+	case ModeNative:
+		return "native"
+	case ModeGeneric:
+		return "generic"
+	default:
+		return fmt.Sprintf("AttachMode(%d)", int(m))
+	}
+}
+
+func (m AttachMode) flags() link.XDPAttachFlags {
+	if m == ModeGeneric {
+		return link.XDPGenericMode
+	}
+	return link.XDPDriverMode
+}
+
+// Options tune Attach. The zero value is valid.
+type Options struct {
+	Mode     AttachMode // ModeAuto (0): native first, generic if the driver refuses
+	MaxFlows uint32     // capacity of the flows map; 0 = DefaultMaxFlows
+}
+
+// Counters are the program's statistics summed over all CPUs.
+type Counters struct {
+	Redirected uint64 // frames redirected into an AF_XDP socket (fragments included)
+	Passed     uint64 // frames that match no flow: handed to the kernel
+	NoSocket   uint64 // frames that matched a flow whose slot has no socket: handed to the kernel
+	Fragments  uint64 // IP fragments redirected (a subset of Redirected)
+	Malformed  uint64 // truncated or inconsistent headers: handed to the kernel
+}
+
+// Program is the steering program attached to one interface. Map updates
+// may be called from any goroutine; Close must not race with them.
+type Program struct {
+	mu      sync.RWMutex // guards closed against use-after-Close; map ops are syscalls
+	closed  bool
+	objs    steerObjects
+	link    link.Link
+	ifindex int
+	mode    AttachMode
+}
+
+// errClosed is returned by every method called after Close.
+var errClosed = errors.New("bpf: program is closed (attach it again with bpf.Attach)")
+
+// Attach loads the program and attaches it to ifindex (resolved in the
+// calling thread's network namespace) through a bpf_link, so that it is
+// detached when the process dies. Kernel refusals are translated into
+// errors that say what to do; the original errno stays in the chain.
+func Attach(ifindex int, opts Options) (*Program, error) {
+	if ifindex <= 0 {
+		return nil, fmt.Errorf("bpf: attach: invalid ifindex %d (find it with `ip link show`)", ifindex)
+	}
+	switch opts.Mode {
+	case ModeAuto, ModeNative, ModeGeneric:
+	default:
+		return nil, fmt.Errorf("bpf: attach: unknown mode %s (use ModeAuto, ModeNative or ModeGeneric)", opts.Mode)
+	}
+	maxFlows := opts.MaxFlows
+	if maxFlows == 0 {
+		maxFlows = DefaultMaxFlows
+	}
+
+	spec, err := loadSteer()
+	if err != nil {
+		return nil, fmt.Errorf("bpf: read embedded steering object: %w", err)
+	}
+	spec.Maps[steerMapFlows].MaxEntries = maxFlows
+
+	p := &Program{ifindex: ifindex}
+	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
+		return nil, loadError(err)
+	}
+
+	modes := []AttachMode{opts.Mode}
+	if opts.Mode == ModeAuto {
+		modes = []AttachMode{ModeNative, ModeGeneric}
+	}
+	var errs []error
+	for _, mode := range modes {
+		l, err := link.AttachXDP(link.XDPOptions{
+			Program:   p.objs.Steer,
+			Interface: ifindex,
+			Flags:     mode.flags(),
+		})
+		if err == nil {
+			p.link, p.mode = l, mode
+			return p, nil
+		}
+		errs = append(errs, attachError(ifindex, mode, err))
+		// Only a driver refusing native mode is worth a generic retry; a
+		// conflict or missing privilege fails generic mode the same way.
+		if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EEXIST) ||
+			errors.Is(err, unix.EPERM) || errors.Is(err, unix.ENODEV) {
+			break
+		}
+	}
+	p.closeObjects()
+	return nil, errors.Join(errs...)
+}
+
+func loadError(err error) error {
+	if errors.Is(err, unix.EPERM) {
+		return fmt.Errorf("bpf: load steering program: permission denied: run as root or grant CAP_BPF and CAP_NET_ADMIN: %w", err)
+	}
+	var verr *ebpf.VerifierError
+	if errors.As(err, &verr) {
+		return fmt.Errorf("bpf: load steering program: rejected by the kernel verifier (needs Linux 5.10+ with BTF and AF_XDP; report the log below): %w", err)
+	}
+	return fmt.Errorf("bpf: load steering program: %w", err)
+}
+
+// attachError turns the bare errno of BPF_LINK_CREATE into advice. The
+// kernel only explains itself in netlink extack messages, which the
+// bpf_link path does not return.
+func attachError(ifindex int, mode AttachMode, err error) error {
+	dev := fmt.Sprintf("ifindex %d", ifindex)
+	name := dev
+	if ifi, ierr := net.InterfaceByIndex(ifindex); ierr == nil {
+		name = ifi.Name
+		dev = fmt.Sprintf("%s (ifindex %d)", ifi.Name, ifindex)
+	}
+	var hint string
+	switch {
+	case errors.Is(err, unix.ERANGE):
+		hint = "peer MTU too large for native XDP (lower the peer MTU below ~3500 or use generic mode)"
+	case errors.Is(err, unix.ENOSPC):
+		hint = "the veth peer has more TX queues than this side has RX queues; create the pair with equal " +
+			"numtxqueues/numrxqueues (or lower the peer's with `ethtool -L`), or use generic mode"
+	case errors.Is(err, unix.EBUSY):
+		hint = fmt.Sprintf("another XDP program is already attached; find it with `ip link show dev %s` "+
+			"and `bpftool net`, and detach it (`bpftool link detach id N` for a bpf_link) before attaching", name)
+	case errors.Is(err, unix.EEXIST):
+		hint = fmt.Sprintf("an XDP program is attached in the other mode (native and generic cannot be mixed); "+
+			"find it with `ip link show dev %s` and `bpftool net`", name)
+	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
+		hint = "permission denied: run as root or grant CAP_BPF and CAP_NET_ADMIN"
+	case errors.Is(err, unix.ENODEV):
+		hint = "no such interface in this network namespace (check `ip link show`)"
+	case errors.Is(err, unix.EOPNOTSUPP) && mode == ModeNative:
+		hint = "the driver has no native XDP support; use generic mode (or auto)"
+	case errors.Is(err, unix.EINVAL) && mode == ModeNative:
+		hint = "the driver refused native XDP (often MTU, LRO or queue settings); use generic mode (or auto)"
+	case errors.Is(err, ebpf.ErrNotSupported):
+		hint = "this kernel cannot attach XDP through a bpf_link (needs Linux 5.9+)"
+	}
+	if hint == "" {
+		return fmt.Errorf("bpf: attach XDP in %s mode to %s: %w", mode, dev, err)
+	}
+	return fmt.Errorf("bpf: attach XDP in %s mode to %s: %s: %w", mode, dev, hint, err)
+}
+
+// Mode reports the mode the program is attached in (never ModeAuto).
+func (p *Program) Mode() AttachMode { return p.mode }
+
+// Ifindex is the interface the program was attached to.
+func (p *Program) Ifindex() int { return p.ifindex }
+
+// AddFlow steers f to slot, replacing any previous slot for f.
+func (p *Program) AddFlow(f Flow, slot uint32) error {
+	k, err := f.key()
+	if err != nil {
+		return err
+	}
+	if slot >= MaxSockets {
+		return fmt.Errorf("bpf: add flow %s: slot %d out of range (0..%d)", f, slot, MaxSockets-1)
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return errClosed
+	}
+	if err := p.objs.Flows.Update(&k, &flowVal{Slot: slot}, ebpf.UpdateAny); err != nil {
+		if errors.Is(err, unix.E2BIG) {
+			return fmt.Errorf("bpf: add flow %s: flows map full (%d entries); remove flows or raise Options.MaxFlows: %w",
+				f, p.objs.Flows.MaxEntries(), err)
+		}
+		return fmt.Errorf("bpf: add flow %s: %w", f, err)
+	}
+	return nil
+}
+
+// DeleteFlow removes f. If f is not present the error matches both
+// os.ErrNotExist and ebpf.ErrKeyNotExist.
+func (p *Program) DeleteFlow(f Flow) error {
+	k, err := f.key()
+	if err != nil {
+		return err
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return errClosed
+	}
+	if err := p.objs.Flows.Delete(&k); err != nil {
+		return fmt.Errorf("bpf: delete flow %s: %w", f, err)
+	}
+	return nil
+}
+
+// Flows returns every flow and its slot, in normalised form (IPv4-mapped
+// IPv6 addresses as IPv4, zones dropped). The map is read entry by entry,
+// so concurrent updates may or may not be reflected.
+func (p *Program) Flows() (map[Flow]uint32, error) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return nil, errClosed
+	}
+	out := make(map[Flow]uint32)
+	var (
+		k flowKey
+		v flowVal
+	)
+	it := p.objs.Flows.Iterate()
+	for it.Next(&k, &v) {
+		out[k.flow()] = v.Slot
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("bpf: list flows: %w", err)
+	}
+	return out, nil
+}
+
+// SetSocket stores the AF_XDP socket xskFD at slot. The socket must be bound
+// to this interface; the kernel keeps its own reference, so the caller may
+// close its fd only when it wants the socket gone.
+func (p *Program) SetSocket(slot uint32, xskFD int) error {
+	if slot >= MaxSockets {
+		return fmt.Errorf("bpf: set socket: slot %d out of range (0..%d)", slot, MaxSockets-1)
+	}
+	if xskFD < 0 {
+		return fmt.Errorf("bpf: set socket at slot %d: invalid fd %d", slot, xskFD)
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return errClosed
+	}
+	if err := p.objs.Xsks.Update(slot, uint32(xskFD), ebpf.UpdateAny); err != nil {
+		if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSOCK) {
+			return fmt.Errorf("bpf: set socket at slot %d: fd %d is not an AF_XDP socket: %w", slot, xskFD, err)
+		}
+		return fmt.Errorf("bpf: set socket at slot %d (fd %d): %w", slot, xskFD, err)
+	}
+	return nil
+}
+
+// ClearSocket empties slot; frames of flows pointing at it then go to the
+// kernel and count as NoSocket. Clearing an empty slot is not an error.
+func (p *Program) ClearSocket(slot uint32) error {
+	if slot >= MaxSockets {
+		return fmt.Errorf("bpf: clear socket: slot %d out of range (0..%d)", slot, MaxSockets-1)
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return errClosed
+	}
+	if err := p.objs.Xsks.Delete(slot); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("bpf: clear socket at slot %d: %w", slot, err)
+	}
+	return nil
+}
+
+// Counters sums the per-CPU counters.
+func (p *Program) Counters() (Counters, error) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return Counters{}, errClosed
+	}
+	var sums [counterMax]uint64
+	var perCPU []uint64
+	for i := range counterMax {
+		if err := p.objs.Counters.Lookup(i, &perCPU); err != nil {
+			return Counters{}, fmt.Errorf("bpf: read counter %d: %w", i, err)
+		}
+		for _, v := range perCPU {
+			sums[i] += v
+		}
+	}
+	return Counters{
+		Redirected: sums[counterRedirected],
+		Passed:     sums[counterPassed],
+		NoSocket:   sums[counterNoSocket],
+		Fragments:  sums[counterFragments],
+		Malformed:  sums[counterMalformed],
+	}, nil
+}
+
+// LinkID is the kernel's id of the bpf_link, as shown by `bpftool link`.
+func (p *Program) LinkID() (uint32, error) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return 0, errClosed
+	}
+	info, err := p.link.Info()
+	if err != nil {
+		return 0, fmt.Errorf("bpf: read link info: %w", err)
+	}
+	return uint32(info.ID), nil
+}
+
+// Attached reports whether the link still holds the program on the
+// interface. It turns false when someone detaches the link (`bpftool link
+// detach`) or the interface disappears; the program does not come back by
+// itself, the owner must Close and Attach again.
+func (p *Program) Attached() (bool, error) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return false, errClosed
+	}
+	info, err := p.link.Info()
+	if err != nil {
+		return false, fmt.Errorf("bpf: read link info: %w", err)
+	}
+	xdp := info.XDP()
+	if xdp == nil {
+		return false, fmt.Errorf("bpf: link %d is not an XDP link (type %v)", info.ID, info.Type)
+	}
+	// The kernel reports ifindex 0 once the link lost its device.
+	return xdp.Ifindex != 0 && int(xdp.Ifindex) == p.ifindex, nil
+}
+
+// Close detaches the program and frees its maps. Sockets stored with
+// SetSocket are released by the kernel, not closed for the caller.
+// Calling Close again is a no-op.
+func (p *Program) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	var errs []error
+	if p.link != nil {
+		if err := p.link.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("bpf: detach from ifindex %d: %w", p.ifindex, err))
+		}
+	}
+	if err := p.closeObjects(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Program) closeObjects() error {
+	var errs []error
+	for _, c := range []interface{ Close() error }{
+		p.objs.Steer, p.objs.Flows, p.objs.Xsks, p.objs.Frags, p.objs.Counters,
+	} {
+		if err := c.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("bpf: free program and maps: %w", err)
+	}
+	return nil
+}
