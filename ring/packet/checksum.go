@@ -27,8 +27,9 @@ func Combine(a, b uint16) uint16 {
 
 // PseudoHeaderChecksum returns the folded, uninverted sum of the IPv4 or IPv6
 // pseudo-header for an upper-layer segment of the given length (RFC 768,
-// RFC 8200 section 8.1). src and dst must be the same family; v4-mapped IPv6
-// addresses count as IPv4.
+// RFC 8200 section 8.1). src and dst must be the same family (v4-mapped IPv6
+// addresses count as IPv4); for mixed or invalid addresses the result is
+// meaningless but the call is safe.
 func PseudoHeaderChecksum(proto uint8, src, dst netip.Addr, length uint32) uint16 {
 	return fold(pseudoSum(proto, src.Unmap(), dst.Unmap(), length))
 }
@@ -38,7 +39,7 @@ func PseudoHeaderChecksum(proto uint8, src, dst netip.Addr, length uint32) uint1
 // change a ones' complement sum.
 func pseudoSum(proto uint8, src, dst netip.Addr, length uint32) uint64 {
 	s := uint64(proto) + uint64(length>>16) + uint64(length&0xffff)
-	if src.Is4() {
+	if src.Is4() && dst.Is4() {
 		a, b := src.As4(), dst.As4()
 		s += uint64(binary.BigEndian.Uint32(a[:])) + uint64(binary.BigEndian.Uint32(b[:]))
 		return s

@@ -117,6 +117,14 @@ func TestCombineAndPseudoHeader(t *testing.T) {
 	}
 }
 
+func TestPseudoHeaderMixedFamiliesSafe(t *testing.T) {
+	t.Parallel()
+	v4, v6 := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")
+	for _, p := range [][2]netip.Addr{{v4, v6}, {v6, v4}, {v4, {}}, {{}, {}}} {
+		PseudoHeaderChecksum(ProtoUDP, p[0], p[1], 8) // must not panic
+	}
+}
+
 func BenchmarkChecksum1500(b *testing.B) {
 	buf := make([]byte, 1500)
 	for i := range buf {

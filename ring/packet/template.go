@@ -310,7 +310,7 @@ func (t *Template) BuildFrame(buf []byte, payload []byte, i int, ipID uint32) (i
 		}
 		udp := buf[hl:flen]
 		copy(udp[UDPHdrLen:], payload)
-		t.finishUDP(udp, payload)
+		t.finishUDP(udp, udpLen, payload)
 		return flen, nil
 	}
 
@@ -351,7 +351,7 @@ func (t *Template) BuildFrame(buf []byte, payload []byte, i int, ipID uint32) (i
 	if i == 0 {
 		copy(data, t.hdr[t.ethLen+t.ipLen:t.ethLen+t.ipLen+UDPHdrLen])
 		copy(data[UDPHdrLen:], payload[:end-UDPHdrLen])
-		t.finishUDPLen(data, udpLen, payload)
+		t.finishUDP(data, udpLen, payload)
 	} else {
 		copy(data, payload[off-UDPHdrLen:end-UDPHdrLen])
 	}
@@ -368,12 +368,9 @@ func (t *Template) finishIPv4(ip []byte, totalLen int, id, flagsOff uint16) {
 	binary.BigEndian.PutUint16(ip[10:], ^fold(s))
 }
 
-// finishUDP fills length and checksum of a UDP header followed by payload.
-func (t *Template) finishUDP(udp []byte, payload []byte) {
-	t.finishUDPLen(udp, UDPHdrLen+len(payload), payload)
-}
-
-func (t *Template) finishUDPLen(udp []byte, udpLen int, payload []byte) {
+// finishUDP fills length and checksum of the UDP header at udp[:8] for a
+// datagram carrying payload; udp may hold only the first fragment's data.
+func (t *Template) finishUDP(udp []byte, udpLen int, payload []byte) {
 	binary.BigEndian.PutUint16(udp[4:], uint16(udpLen))
 	// The length counts twice: once in the pseudo-header, once in the header.
 	s := t.udpSum + 2*uint64(udpLen) + uint64(payloadSum(payload))

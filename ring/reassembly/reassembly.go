@@ -10,7 +10,7 @@
 //
 // Policy, chosen to be simple and safe against fragment attacks:
 //   - Overlapping fragments drop the whole datagram, for IPv6 as RFC 5722
-//     requires and for IPv4 as well (Linux does the same since 4.19). A
+//     requires, and for IPv4 as well (as Linux does since 4.19). A
 //     fragment that repeats bytes already received with identical content is
 //     a duplicate and is ignored.
 //   - A datagram that would exceed the IP limit (65535 bytes of IPv6 payload;
