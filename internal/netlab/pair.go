@@ -55,7 +55,10 @@ func (l *Link) Addr6() netip.Addr { return l.IPv6.Addr() }
 
 // Pair is two namespaces A and B joined by one veth pair (A <-> B), both ends
 // up with addresses, and lo up in both namespaces. Neighbour resolution
-// (ARP/ND) is real unless Options.StaticNeigh is set.
+// (ARP/ND) is real unless Options.StaticNeigh is set. DAD and router
+// solicitations are off, but the kernel still sends a few IPv6 MLD reports
+// when the link comes up (and ARP/ND without StaticNeigh): code that counts
+// frames on the link should filter by protocol and port.
 type Pair struct {
 	A, B *Link
 
