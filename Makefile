@@ -1,0 +1,53 @@
+# bypassd — build, test, benchmark. Run as root on Debian with Go installed;
+# every target installs what it needs first (idempotent, see `deps`).
+
+GO       ?= go
+GOFLAGS  ?=
+PKGS     := ./...
+BIN      := bin
+# Debian packages the tests, demo and benchmarks use.
+APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev
+TEST_TIMEOUT ?= 14m
+
+.PHONY: all deps build test bench demo generate check-generated lint fmt clean
+
+all: build
+
+# deps installs the Debian packages above when one of them is missing; a
+# machine that has them all is left alone (no network access needed).
+deps:
+	@scripts/deps.sh $(APT_PKGS)
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/... ./bench/...
+
+# test: everything CI checks. Privileged tests need root; under
+# BYPASSD_REQUIRE_PRIV=1 a missing privilege fails instead of skipping.
+test: deps lint check-generated
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+
+bench: deps build
+	scripts/bench.sh
+
+demo: deps build
+	scripts/demo.sh
+
+generate:
+	$(GO) generate ./bpf/...
+
+# check-generated verifies the committed BPF objects match the C source
+# (skipped with a message when clang is absent).
+check-generated:
+	@bpf/check-generated.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf $(BIN)

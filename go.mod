@@ -1,0 +1,13 @@
+module github.com/bypassd/bypassd
+
+go 1.26.0
+
+require (
+	github.com/cilium/ebpf v0.22.0 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
+	github.com/vishvananda/netlink v1.3.1 // indirect
+	github.com/vishvananda/netns v0.0.5 // indirect
+	go.uber.org/multierr v1.10.0 // indirect
+	go.uber.org/zap v1.28.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+)

@@ -1,0 +1,535 @@
+package ring
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/internal/dgram"
+	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/ring/packet"
+	"github.com/bypassd/bypassd/ring/qp"
+	"github.com/bypassd/bypassd/ring/reassembly"
+	"github.com/bypassd/bypassd/ring/route"
+)
+
+// Stats are a ring's counters. The engine updates them once per burst.
+type Stats struct {
+	RXPackets, RXBytes, TXPackets, TXBytes atomic.Uint64
+	// RXNoEndpoint counts datagrams steered to the ring with no endpoint
+	// (a race with Close, or a fragment of a closed flow).
+	RXNoEndpoint atomic.Uint64
+	// RXMalformed counts frames that failed to parse; RXChecksum datagrams
+	// whose UDP checksum was wrong; RXQueueFull datagrams dropped because
+	// the endpoint's RX queue was full.
+	RXMalformed, RXChecksum, RXQueueFull atomic.Uint64
+	// TXFragments counts IP fragments sent for datagrams over the MTU.
+	TXFragments atomic.Uint64
+	// TXNoBuffer counts times the engine waited for free send buffers.
+	TXNoBuffer atomic.Uint64
+	// TXUnreachable counts datagrams dropped because the next hop could
+	// not be resolved; TXErrors datagrams that could not be encoded.
+	TXUnreachable, TXErrors atomic.Uint64
+	// Wakeups counts times the engine slept and woke up.
+	Wakeups atomic.Uint64
+}
+
+// Stats returns the ring's counters.
+func (r *Ring) Stats() *Stats { return &r.stats }
+
+// ProviderStats returns the provider's counters.
+func (r *Ring) ProviderStats() qp.Stats { return r.prov.Stats() }
+
+// ReassemblyStats returns fragment reassembly counters (engine-owned; a
+// snapshot taken at the engine's last iteration).
+func (r *Ring) ReassemblyStats() reassembly.Stats {
+	if p := r.eng.reasmStats.Load(); p != nil {
+		return *p
+	}
+	return reassembly.Stats{}
+}
+
+// dest is the engine's state for one destination address: the resolved next
+// hop and the IP identification counter.
+type dest struct {
+	state   destState
+	next    route.Next
+	err     error
+	retryAt time.Time
+	ipID    uint32
+}
+
+type destState uint8
+
+const (
+	destResolving destState = iota
+	destReady
+	destFailed
+)
+
+// tmplKey selects a header template: one per (source, destination) pair.
+type tmplKey struct{ src, dst netip.AddrPort }
+
+type resolution struct {
+	addr netip.Addr
+	next route.Next
+	err  error
+}
+
+// engine is the state only the ring's thread touches.
+type engine struct {
+	r  *Ring
+	rx []qp.Frame
+	tx []qp.Frame
+	// backlog holds built frames the TX ring had no room for.
+	backlog []qp.Frame
+	touched []*Endpoint
+	dests   map[netip.Addr]*dest
+	tmpls   map[tmplKey]*packet.Template
+	gen     uint64
+	reasm   *reassembly.Reassembler
+	// reasmStats is published for readers on other goroutines.
+	reasmStats atomic.Pointer[reassembly.Stats]
+	lastExpire time.Time
+}
+
+func (e *engine) init(r *Ring) {
+	e.r = r
+	e.rx = make([]qp.Frame, r.cfg.Batch)
+	e.tx = make([]qp.Frame, 0, r.cfg.Batch+64)
+	e.dests = map[netip.Addr]*dest{}
+	e.tmpls = map[tmplKey]*packet.Template{}
+	e.reasm = reassembly.New(r.cfg.Reassembly)
+}
+
+func (e *engine) loop() error {
+	r := e.r
+	var idleSince time.Time
+	for !r.stop.Load() {
+		r.epoch.Add(1)
+		t := r.table.Load()
+		work, err := e.iterate(t)
+		if err != nil {
+			return err
+		}
+		if work > 0 {
+			idleSince = time.Time{}
+			continue
+		}
+		now := time.Now()
+		if idleSince.IsZero() {
+			idleSince = now
+		}
+		if r.cfg.Poll < 0 || now.Sub(idleSince) < r.cfg.Poll {
+			continue
+		}
+		if err := e.sleep(t); err != nil {
+			return err
+		}
+		idleSince = time.Time{}
+	}
+	return nil
+}
+
+// iterate does one round of work and reports how much it did.
+func (e *engine) iterate(t *table) (int, error) {
+	r := e.r
+	if g := r.res.Generation(); g != e.gen {
+		// Routes or neighbours changed: rebuild next hops and templates
+		// lazily.
+		e.gen = g
+		clear(e.dests)
+		clear(e.tmpls)
+	}
+	work := e.receive()
+	for {
+		select {
+		case res := <-r.resolved:
+			e.applyResolution(res)
+			work++
+			continue
+		default:
+		}
+		break
+	}
+	n, err := e.transmit(t)
+	if err != nil {
+		return 0, err
+	}
+	work += n
+	if r.prov.TXPending() > 0 {
+		work += r.prov.Complete()
+	}
+	if now := time.Now(); now.Sub(e.lastExpire) > 100*time.Millisecond {
+		e.lastExpire = now
+		if e.reasm.Expire(now) > 0 {
+			e.publishReassemblyStats()
+		}
+	}
+	return work, nil
+}
+
+// sleep blocks until the provider has frames or the doorbell rings. Before
+// sleeping it tells every TX queue's producer that the engine is asleep and
+// re-checks them, so a datagram queued in between is not missed.
+func (e *engine) sleep(t *table) error {
+	r := e.r
+	r.sleeping.Store(true)
+	defer r.sleeping.Store(false)
+	pending := false
+	for _, ep := range t.all {
+		if ep.etx.ArmReadWait() {
+			pending = true
+		}
+	}
+	timeout := time.Second
+	if pending || len(e.backlog) > 0 || r.prov.TXPending() > 0 {
+		timeout = 0
+	}
+	if timeout > 0 {
+		r.stats.Wakeups.Add(1)
+	}
+	woke, err := r.prov.Wait(timeout, r.doorbell.FD())
+	for _, ep := range t.all {
+		ep.etx.DisarmReadWait()
+	}
+	if woke {
+		drainEventfd(r.doorbell.FD())
+	}
+	if err != nil {
+		return fmt.Errorf("ring %s/%d: %w", r.cfg.Interface, r.cfg.Queue, err)
+	}
+	return nil
+}
+
+// receive moves one burst of frames from the provider to endpoints.
+func (e *engine) receive() int {
+	r := e.r
+	n := r.prov.RXBurst(e.rx)
+	if n == 0 {
+		return 0
+	}
+	var pkts, bytes uint64
+	var f packet.Frame
+	fragments := false
+	now := time.Now()
+	ts := now.UnixNano()
+	t := r.table.Load()
+	for i := 0; i < n; i++ {
+		if err := packet.Parse(e.rx[i].Buf, &f); err != nil {
+			r.stats.RXMalformed.Add(1)
+			continue
+		}
+		switch f.Kind {
+		case packet.KindUDP:
+			if !r.cfg.SkipRXChecksum && (f.UDPChecksum != 0 || f.Dst.Addr().Is6()) && !f.VerifyUDP() {
+				r.stats.RXChecksum.Add(1)
+				continue
+			}
+			if e.deliver(t, f.Src, f.Dst, f.Payload, ts) {
+				pkts++
+				bytes += uint64(len(f.Payload))
+			}
+		case packet.KindFragment:
+			k := reassembly.Key{Src: f.Src.Addr(), Dst: f.Dst.Addr(), ID: f.FragID, Proto: f.Proto}
+			seg, done, err := e.reasm.Add(k, f.FragOff, f.More, f.Payload, now)
+			fragments = true
+			if err != nil || !done {
+				continue
+			}
+			sport, dport, payload, err := packet.ParseUDPSegment(seg)
+			if err != nil || f.Proto != packet.ProtoUDP {
+				r.stats.RXMalformed.Add(1)
+				continue
+			}
+			if !r.cfg.SkipRXChecksum && !packet.VerifyUDP(k.Src, k.Dst, seg) {
+				r.stats.RXChecksum.Add(1)
+				continue
+			}
+			src, dst := netip.AddrPortFrom(k.Src, sport), netip.AddrPortFrom(k.Dst, dport)
+			if e.deliver(t, src, dst, payload, ts) {
+				pkts++
+				bytes += uint64(len(payload))
+			}
+		default:
+			r.stats.RXMalformed.Add(1)
+		}
+	}
+	r.prov.ReleaseRX(e.rx[:n])
+	if fragments {
+		e.publishReassemblyStats()
+	}
+	for _, ep := range e.touched {
+		ep.touched = false
+		if ep.erx.Publish() {
+			ep.rxWait.Wake()
+		}
+	}
+	e.touched = e.touched[:0]
+	r.stats.RXPackets.Add(pkts)
+	r.stats.RXBytes.Add(bytes)
+	return n
+}
+
+// deliver copies one datagram into the RX queue of every endpoint bound to
+// dst (several for multicast).
+func (e *engine) deliver(t *table, src, dst netip.AddrPort, payload []byte, ts int64) bool {
+	eps := t.lookup(dst)
+	if len(eps) == 0 {
+		e.r.stats.RXNoEndpoint.Add(1)
+		return false
+	}
+	h := dgram.Header{Addr: src, Flags: dgram.FlagSWTimestamp, TSSW: ts}
+	ok := false
+	for _, ep := range eps {
+		if p := ep.peer.Load(); p != nil && p.IsValid() && *p != src {
+			continue
+		}
+		rec, err := ep.erx.Reserve(dgram.HeaderLen + len(payload))
+		if err != nil {
+			ep.stats.RXDropped.Add(1)
+			e.r.stats.RXQueueFull.Add(1)
+			continue
+		}
+		dgram.Put(rec, &h)
+		copy(rec[dgram.HeaderLen:], payload)
+		_ = ep.erx.Commit(dgram.HeaderLen+len(payload), dgram.TypeDatagram)
+		ep.stats.RXPackets.Add(1)
+		ep.stats.RXBytes.Add(uint64(len(payload)))
+		if !ep.touched {
+			ep.touched = true
+			e.touched = append(e.touched, ep)
+		}
+		ok = true
+	}
+	return ok
+}
+
+// transmit takes datagrams from endpoint TX queues, builds frames and posts
+// them. It returns how many datagrams it consumed.
+func (e *engine) transmit(t *table) (int, error) {
+	if len(e.backlog) > 0 {
+		if err := e.post(); err != nil {
+			return 0, err
+		}
+		if len(e.backlog) > 0 {
+			return 0, nil
+		}
+	}
+	work := 0
+	for _, ep := range t.all {
+		n, err := e.drain(ep)
+		work += n
+		if err != nil {
+			return work, err
+		}
+	}
+	if len(e.tx) > 0 {
+		e.backlog = append(e.backlog, e.tx...)
+		e.tx = e.tx[:0]
+		if err := e.post(); err != nil {
+			return work, err
+		}
+	}
+	return work, nil
+}
+
+// drain moves up to one batch of an endpoint's queued datagrams into frames.
+func (e *engine) drain(ep *Endpoint) (int, error) {
+	r := e.r
+	n := 0
+	var h dgram.Header
+	for n < r.cfg.Batch {
+		rec, _, err := ep.etx.Peek()
+		if err != nil {
+			if errors.Is(err, shmq.ErrEmpty) {
+				break
+			}
+			// A corrupt queue: stop serving this endpoint, the others
+			// go on.
+			if !ep.broken.Swap(true) {
+				r.log.Warn("endpoint TX queue corrupt; endpoint disabled", zap.Stringer("local", ep.local), zap.Error(err))
+				ep.rxWait.Wake()
+				ep.txWait.Wake()
+			}
+			break
+		}
+		payload, err := dgram.Parse(rec, &h)
+		if err != nil {
+			ep.stats.TXErrors.Add(1)
+			r.stats.TXErrors.Add(1)
+			ep.etx.Advance()
+			n++
+			continue
+		}
+		dst := h.Addr
+		if !dst.IsValid() {
+			if p := ep.peer.Load(); p != nil {
+				dst = *p
+			}
+		}
+		tmpl, d, ok := e.template(ep, dst)
+		if !ok {
+			break // next hop still resolving: keep the datagram queued
+		}
+		if tmpl == nil {
+			// Unreachable: dropped, as the kernel drops after failed ARP.
+			ep.stats.TXUnreachable.Add(1)
+			r.stats.TXUnreachable.Add(1)
+			ep.etx.Advance()
+			n++
+			continue
+		}
+		frames, err := tmpl.Frames(len(payload))
+		if err != nil {
+			ep.stats.TXErrors.Add(1)
+			r.stats.TXErrors.Add(1)
+			ep.etx.Advance()
+			n++
+			continue
+		}
+		if len(e.tx)+frames > cap(e.tx) {
+			e.backlog = append(e.backlog, e.tx...)
+			e.tx = e.tx[:0]
+			if err := e.post(); err != nil {
+				return n, err
+			}
+			if len(e.backlog) > 0 {
+				break
+			}
+		}
+		got := r.prov.AllocTX(e.tx[len(e.tx) : len(e.tx)+frames])
+		if got < frames {
+			r.prov.FreeTX(e.tx[len(e.tx) : len(e.tx)+got])
+			r.stats.TXNoBuffer.Add(1)
+			break
+		}
+		base := len(e.tx)
+		e.tx = e.tx[:base+frames]
+		bad := false
+		for i := 0; i < frames; i++ {
+			fr := &e.tx[base+i]
+			l, err := tmpl.BuildFrame(fr.Buf, payload, i, d.ipID)
+			if err != nil {
+				bad = true
+				break
+			}
+			fr.Buf = fr.Buf[:l]
+		}
+		if bad {
+			r.prov.FreeTX(e.tx[base:])
+			e.tx = e.tx[:base]
+			ep.stats.TXErrors.Add(1)
+			r.stats.TXErrors.Add(1)
+		} else {
+			d.ipID++
+			if frames > 1 {
+				r.stats.TXFragments.Add(uint64(frames))
+			}
+			ep.stats.TXPackets.Add(1)
+			ep.stats.TXBytes.Add(uint64(len(payload)))
+			r.stats.TXPackets.Add(1)
+			r.stats.TXBytes.Add(uint64(len(payload)))
+		}
+		ep.etx.Advance()
+		n++
+	}
+	if n > 0 && ep.etx.Release() {
+		ep.txWait.Wake()
+	}
+	return n, nil
+}
+
+// post hands the backlog to the provider.
+func (e *engine) post() error {
+	n, err := e.r.prov.TXBurst(e.backlog)
+	e.backlog = e.backlog[:copy(e.backlog, e.backlog[n:])]
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+// template returns the header template for ep → dst. ok=false means the
+// next hop is being resolved (try later); a nil template with ok=true means
+// dst is unreachable.
+func (e *engine) template(ep *Endpoint, dst netip.AddrPort) (*packet.Template, *dest, bool) {
+	key := tmplKey{src: ep.local, dst: dst}
+	d := e.dests[dst.Addr()]
+	if tmpl, ok := e.tmpls[key]; ok && d != nil {
+		return tmpl, d, true
+	}
+	if d == nil {
+		d = &dest{state: destResolving}
+		e.dests[dst.Addr()] = d
+		e.startResolve(dst.Addr())
+		return nil, nil, false
+	}
+	switch d.state {
+	case destResolving:
+		return nil, nil, false
+	case destFailed:
+		if time.Now().After(d.retryAt) {
+			d.state = destResolving
+			e.startResolve(dst.Addr())
+			return nil, nil, false
+		}
+		return nil, d, true
+	}
+	src := ep.local
+	if src.Addr().IsUnspecified() {
+		src = netip.AddrPortFrom(d.next.Src, src.Port())
+	}
+	tmpl, err := packet.NewTemplate(d.next.SrcMAC, d.next.DstMAC, src, dst, d.next.MTU, packet.TemplateOptions{})
+	if err != nil {
+		e.r.log.Warn("cannot build header template", zap.Stringer("dst", dst), zap.Error(err))
+		return nil, d, true
+	}
+	e.tmpls[key] = tmpl
+	return tmpl, d, true
+}
+
+func (e *engine) startResolve(addr netip.Addr) {
+	r := e.r
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ResolveTimeout)
+		defer cancel()
+		next, err := r.res.Resolve(ctx, addr)
+		select {
+		case r.resolved <- resolution{addr: addr, next: next, err: err}:
+			r.doorbell.Wake()
+		case <-r.done:
+		}
+	}()
+}
+
+func (e *engine) applyResolution(res resolution) {
+	d := e.dests[res.addr]
+	if d == nil {
+		return // forgotten after a route change; the next datagram asks again
+	}
+	if res.err != nil {
+		d.state, d.err, d.retryAt = destFailed, res.err, time.Now().Add(time.Second)
+		e.r.log.Warn("destination unreachable", zap.Stringer("dst", res.addr), zap.Error(res.err))
+		return
+	}
+	d.state, d.next, d.err = destReady, res.next, nil
+}
+
+// drainEventfd consumes an eventfd's counter (non-blocking) after poll
+// reported it readable.
+func drainEventfd(fd int) {
+	var buf [8]byte
+	_, _ = unix.Read(fd, buf[:])
+}
+
+func (e *engine) publishReassemblyStats() {
+	st := e.reasm.Stats()
+	e.reasmStats.Store(&st)
+}

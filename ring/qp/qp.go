@@ -1,0 +1,157 @@
+// Package qp defines what a raw queue pair ("raw QP") can do: the Provider
+// interface that every ring backend implements (afxdp, tap, verbs) and the
+// frame and capability types they exchange with the ring engine.
+//
+// A provider owns its packet buffers (the AF_XDP UMEM, a TAP read buffer pool,
+// a verbs memory region). The engine borrows them through Frame values: RX
+// frames are handed out by RXBurst and must come back through ReleaseRX; TX
+// frames are taken with AllocTX, filled, and either posted with TXBurst or
+// returned unused with FreeTX. Completions are reaped by the provider itself
+// when AllocTX runs short, or explicitly with Complete.
+//
+// The package owns no implementation: it is the seam between the engine
+// (package ring) and the providers, so that neither imports the other's
+// internals. Optional hardware features (rate limiting, device memory, clock)
+// are separate small interfaces that a provider implements when it can; the
+// engine discovers them with a type assertion and emulates them otherwise.
+package qp
+
+import (
+	"errors"
+	"time"
+)
+
+// Frame is one packet buffer borrowed from a provider.
+type Frame struct {
+	// Buf is the packet: for RX the received bytes, for TX the whole
+	// writable buffer on AllocTX (the engine reslices it to the frame length
+	// before TXBurst).
+	Buf []byte
+	// Handle identifies the buffer to its provider (for AF_XDP, the UMEM
+	// address). Opaque to the engine.
+	Handle uint64
+	// HWTimestamp is the hardware receive timestamp in device ticks, or 0
+	// when the provider or driver gives none (a normal case).
+	HWTimestamp uint64
+}
+
+// Caps describes what a provider instance can do. Fields that later features
+// fill in are documented with their zero meaning.
+type Caps struct {
+	// Name of the provider ("afxdp", "tap", "verbs").
+	Provider string
+	// Mode is a provider-specific description of how it runs, e.g.
+	// "native/copy" or "generic/copy" for AF_XDP.
+	Mode string
+	// ZeroCopy reports whether the NIC reads and writes the buffers directly.
+	ZeroCopy bool
+	// FrameSize is the capacity of one buffer; the largest frame that can be
+	// sent or received in one descriptor.
+	FrameSize int
+	// RXFrames and TXFrames are the buffer counts reserved for each direction.
+	RXFrames, TXFrames int
+	// RateLimit describes hardware pacing; nil means the engine paces in
+	// software.
+	RateLimit *RateLimitCaps
+	// DeviceMemory is the number of bytes of on-device staging memory the
+	// provider can hand out (0: none).
+	DeviceMemory int
+	// HWTimestamps reports whether RX frames may carry HWTimestamp.
+	HWTimestamps bool
+}
+
+// RateLimitCaps are the hardware packet-pacing limits of a device, in kbit/s.
+type RateLimitCaps struct {
+	MinKbps, MaxKbps uint32
+	// Burst reports whether max burst size and typical packet size can be set.
+	Burst bool
+}
+
+// Stats are provider-level counters, cumulative since Open.
+type Stats struct {
+	RXPackets, TXPackets uint64
+	// RXDropped counts frames the kernel dropped because the RX ring was
+	// full or no fill buffers were available.
+	RXDropped uint64
+	// FillEmpty counts times the provider found no buffer to give the
+	// device for reception (fill starvation).
+	FillEmpty uint64
+	// TXNoBuffer counts AllocTX calls that returned fewer frames than asked
+	// (completion starvation).
+	TXNoBuffer uint64
+	// Kicks counts system calls made to wake the kernel or device.
+	Kicks uint64
+	// InvalidDescs counts descriptors the kernel rejected (RX and TX).
+	InvalidDescs uint64
+}
+
+// Provider is a raw queue pair on one (interface, queue): a receive ring
+// and a send ring over buffers the provider owns. Methods are called from the
+// single engine thread that owns the provider; only Close may be called from
+// another goroutine, and only after that thread has stopped using it.
+type Provider interface {
+	// Caps reports the instance's capabilities.
+	Caps() Caps
+	// RXBurst fills frames with received packets and returns how many.
+	RXBurst(frames []Frame) int
+	// ReleaseRX gives received buffers back for reception.
+	ReleaseRX(frames []Frame)
+	// AllocTX fills frames with empty send buffers and returns how many were
+	// available (reaping completions first if needed).
+	AllocTX(frames []Frame) int
+	// FreeTX returns allocated send buffers that will not be posted.
+	FreeTX(frames []Frame)
+	// TXBurst posts filled send buffers and returns how many were accepted;
+	// the rest stay owned by the caller (post them later or FreeTX them).
+	// An error means the queue is unusable (for example the link is down).
+	TXBurst(frames []Frame) (int, error)
+	// Complete reaps send completions, making their buffers reusable, and
+	// returns how many were reaped.
+	Complete() int
+	// TXPending reports posted frames not yet completed.
+	TXPending() int
+	// Wait blocks until packets may have arrived, TX completions are due,
+	// or extra becomes readable, or the timeout passes (negative: forever).
+	// It reports whether extra became readable. extra < 0 is ignored.
+	Wait(timeout time.Duration, extra int) (extraReady bool, err error)
+	// FD returns the file descriptor that the XDP steering map or the
+	// kernel associates with this queue (the XSK fd for AF_XDP).
+	FD() int
+	// Stats returns cumulative counters.
+	Stats() Stats
+	// Close releases the queue and every buffer; the same queue can be
+	// opened again right after it returns.
+	Close() error
+}
+
+// RateLimit is one pacing setting in the device's terms.
+type RateLimit struct {
+	Kbps         uint32
+	MaxBurst     uint32
+	TypicalBytes uint16
+}
+
+// RateLimiter is implemented by providers that pace in hardware (verbs:
+// ibv_modify_qp_rate_limit on a send queue). Software providers do not
+// implement it and the engine's scheduler paces instead.
+type RateLimiter interface {
+	SetRateLimit(sendQueue int, rl RateLimit) error
+}
+
+// DeviceMemory is implemented by providers that can stage egress frames in
+// memory the device reads without a host round trip.
+type DeviceMemory interface {
+	// AllocDeviceMemory reserves size bytes and returns a handle to it.
+	AllocDeviceMemory(size int) (DeviceRegion, error)
+}
+
+// DeviceRegion is one reserved staging region.
+type DeviceRegion interface {
+	Size() int
+	// CopyTo writes b at offset off of the region.
+	CopyTo(off int, b []byte) error
+	Close() error
+}
+
+// ErrClosed is returned by operations on a closed provider.
+var ErrClosed = errors.New("qp: provider closed")

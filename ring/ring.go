@@ -1,0 +1,325 @@
+// Package ring owns the daemon's fast path: one ring per (interface, queue),
+// each a raw queue pair (a qp.Provider such as the afxdp socket) driven by an
+// engine on its own locked OS thread. The engine demultiplexes received
+// frames to UDP endpoints, reassembles IP fragments, and transmits what
+// endpoints queue, building Ethernet/IP/UDP headers from per-destination
+// templates whose next hop comes from the kernel's routing and neighbour
+// tables.
+//
+// Endpoints exchange datagrams with their users through single-producer,
+// single-consumer queues (internal/shmq) carrying internal/dgram records; in
+// the daemon those queues live in memfds shared with client processes, in
+// tests and benchmarks they are plain memory in this process.
+//
+// The package does not own the XDP program (package bpf), header encoding
+// (ring/packet), fragment reassembly (ring/reassembly), next-hop lookup
+// (ring/route) or client sessions (package daemon).
+package ring
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/bpf"
+	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/ring/afxdp"
+	"github.com/bypassd/bypassd/ring/qp"
+	"github.com/bypassd/bypassd/ring/reassembly"
+	"github.com/bypassd/bypassd/ring/route"
+)
+
+// Config describes one ring.
+type Config struct {
+	// Interface is the network interface name (in the calling thread's
+	// network namespace).
+	Interface string
+	// Queue is the interface's receive/transmit queue id.
+	Queue int
+
+	// Frames and FrameSize size the provider's buffer pool (afxdp
+	// defaults: 4096 frames of 2048 bytes).
+	Frames, FrameSize int
+	// Copy selects zero-copy or copy mode (default: zero-copy when the
+	// driver supports it).
+	Copy afxdp.CopyMode
+	// XDPMode selects native or generic attach (default: native, generic
+	// when the driver refuses).
+	XDPMode bpf.AttachMode
+
+	// Batch is the largest number of frames moved per provider call
+	// (default 64).
+	Batch int
+	// Poll is how long the engine spins looking for work before it sleeps
+	// (VMA's RX poll): 0 sleeps at once, negative spins forever. Default 0.
+	Poll time.Duration
+	// QueueBytes is the data capacity of each endpoint queue (each
+	// direction), a power of two (default 1 MiB).
+	QueueBytes int
+	// SkipRXChecksum disables UDP checksum verification of received
+	// datagrams (for NICs that verified them already).
+	SkipRXChecksum bool
+	// ResolveTimeout bounds neighbour resolution for a new destination
+	// (default 3s).
+	ResolveTimeout time.Duration
+	// Reassembly bounds IP fragment reassembly.
+	Reassembly reassembly.Config
+
+	Log *zap.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.Batch <= 0 {
+		c.Batch = 64
+	}
+	if c.QueueBytes == 0 {
+		c.QueueBytes = 1 << 20
+	}
+	if c.ResolveTimeout == 0 {
+		c.ResolveTimeout = 3 * time.Second
+	}
+	if c.Log == nil {
+		c.Log = zap.NewNop()
+	}
+}
+
+// Ring is one raw queue pair and its engine.
+type Ring struct {
+	cfg     Config
+	log     *zap.Logger
+	ifindex int
+	mtu     int
+	mac     net.HardwareAddr
+	ns      netns.NsHandle
+	key     progKey
+	prog    *bpf.Program
+	prov    qp.Provider
+	res     *route.Resolver
+	nl      *netlink.Handle
+
+	// mu serializes endpoint registration and ring close.
+	mu     sync.Mutex
+	table  atomic.Pointer[table]
+	closed bool
+
+	// doorbell wakes the sleeping engine: endpoints ring it when they queue
+	// datagrams, resolvers when a next hop is ready, Close when it stops.
+	doorbell *shmq.Waiter
+	// epoch counts engine iterations; synced is how far a writer that
+	// changed the endpoint table waits before freeing what it removed.
+	epoch    atomic.Uint64
+	sleeping atomic.Bool
+	stop     atomic.Bool
+	done     chan struct{}
+	fatal    atomic.Pointer[error]
+
+	resolved chan resolution
+
+	stats Stats
+	eng   engine
+}
+
+// Open creates the ring for cfg.Interface and cfg.Queue: attaches the XDP
+// steering program (shared with other rings of the interface), opens the
+// AF_XDP socket, and starts the engine thread. The interface is looked up in
+// the calling thread's network namespace.
+func Open(cfg Config) (_ *Ring, err error) {
+	cfg.setDefaults()
+	if cfg.QueueBytes&(cfg.QueueBytes-1) != 0 || cfg.QueueBytes < 4096 {
+		return nil, fmt.Errorf("ring %s/%d: queue size %d: must be a power of two >= 4096", cfg.Interface, cfg.Queue, cfg.QueueBytes)
+	}
+	r := &Ring{cfg: cfg, log: cfg.Log.With(zap.String("ring", fmt.Sprintf("%s/%d", cfg.Interface, cfg.Queue))),
+		done: make(chan struct{}), resolved: make(chan resolution, 64)}
+	var cleanups []func()
+	defer func() {
+		if err != nil {
+			for i := len(cleanups) - 1; i >= 0; i-- {
+				cleanups[i]()
+			}
+		}
+	}()
+	if r.ns, err = netns.Get(); err != nil {
+		return nil, fmt.Errorf("ring %s/%d: current network namespace: %w", cfg.Interface, cfg.Queue, err)
+	}
+	cleanups = append(cleanups, func() { r.ns.Close() })
+	if r.nl, err = netlink.NewHandleAt(r.ns); err != nil {
+		return nil, fmt.Errorf("ring %s/%d: netlink: %w", cfg.Interface, cfg.Queue, err)
+	}
+	cleanups = append(cleanups, r.nl.Close)
+	link, err := r.nl.LinkByName(cfg.Interface)
+	if err != nil {
+		return nil, fmt.Errorf("ring %s/%d: no interface %q in this network namespace: %w (check `ip link`)", cfg.Interface, cfg.Queue, cfg.Interface, err)
+	}
+	attrs := link.Attrs()
+	r.ifindex, r.mtu, r.mac = attrs.Index, attrs.MTU, attrs.HardwareAddr
+	if cfg.Queue < 0 || (attrs.NumRxQueues > 0 && cfg.Queue >= attrs.NumRxQueues) {
+		return nil, fmt.Errorf("ring %s/%d: interface %s has %d receive queue(s): queue %d does not exist", cfg.Interface, cfg.Queue, cfg.Interface, attrs.NumRxQueues, cfg.Queue)
+	}
+	if len(r.mac) != 6 {
+		return nil, fmt.Errorf("ring %s/%d: interface %s is not Ethernet (link type %s)", cfg.Interface, cfg.Queue, cfg.Interface, link.Type())
+	}
+	if r.key, err = nsKey(r.ns, r.ifindex); err != nil {
+		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
+	}
+	if r.prog, err = acquireProgram(r.key, bpf.Options{Mode: cfg.XDPMode}); err != nil {
+		return nil, fmt.Errorf("ring %s/%d: attach XDP program: %w", cfg.Interface, cfg.Queue, err)
+	}
+	cleanups = append(cleanups, func() { _ = releaseProgram(r.key) })
+	sock, err := afxdp.Open(afxdp.Config{Ifindex: r.ifindex, IfName: cfg.Interface, Queue: cfg.Queue,
+		Frames: cfg.Frames, FrameSize: cfg.FrameSize, Copy: cfg.Copy, XDPMode: r.prog.Mode().String()})
+	if err != nil {
+		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
+	}
+	r.prov = sock
+	cleanups = append(cleanups, func() { _ = sock.Close() })
+	caps := sock.Caps()
+	if max := caps.FrameSize - 256 - 18; r.mtu > max {
+		return nil, fmt.Errorf("ring %s/%d: MTU %d is larger than a %d-byte frame can receive (max %d): lower the MTU or raise the frame size", cfg.Interface, cfg.Queue, r.mtu, caps.FrameSize, max)
+	}
+	if err = r.prog.SetSocket(uint32(cfg.Queue), sock.FD()); err != nil {
+		return nil, fmt.Errorf("ring %s/%d: register socket in XSKMAP: %w", cfg.Interface, cfg.Queue, err)
+	}
+	cleanups = append(cleanups, func() { _ = r.prog.ClearSocket(uint32(cfg.Queue)) })
+	if r.res, err = route.NewResolver(r.ns, r.ifindex, r.log); err != nil {
+		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
+	}
+	cleanups = append(cleanups, func() { _ = r.res.Close() })
+	if r.doorbell, err = shmq.NewWaiter(); err != nil {
+		return nil, fmt.Errorf("ring %s/%d: doorbell: %w", cfg.Interface, cfg.Queue, err)
+	}
+	r.table.Store(&table{byAddr: map[netip.AddrPort][]*Endpoint{}})
+	r.eng.init(r)
+	r.log.Info("ring open", zap.String("mode", caps.Mode), zap.Int("mtu", r.mtu),
+		zap.Int("frames", cfg.Frames), zap.Int("frame_size", caps.FrameSize))
+	go r.run()
+	return r, nil
+}
+
+// Caps reports the provider's capabilities.
+func (r *Ring) Caps() qp.Caps { return r.prov.Caps() }
+
+// Interface returns the ring's interface name and queue.
+func (r *Ring) Interface() (string, int) { return r.cfg.Interface, r.cfg.Queue }
+
+// Program returns the XDP steering program the ring uses.
+func (r *Ring) Program() *bpf.Program { return r.prog }
+
+// Err returns the error that stopped the engine, if any.
+func (r *Ring) Err() error {
+	if p := r.fatal.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Close stops the engine, closes every endpoint and releases the queue, the
+// XDP socket slot and (with the last ring of the interface) the program.
+func (r *Ring) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	eps := r.table.Load().all
+	r.mu.Unlock()
+	for _, ep := range eps {
+		_ = ep.Close()
+	}
+	r.stop.Store(true)
+	r.doorbell.Wake()
+	<-r.done
+	var errs []error
+	errs = append(errs, r.prog.ClearSocket(uint32(r.cfg.Queue)))
+	errs = append(errs, r.prov.Close())
+	errs = append(errs, releaseProgram(r.key))
+	errs = append(errs, r.res.Close())
+	errs = append(errs, r.doorbell.Close())
+	r.nl.Close()
+	r.ns.Close()
+	r.log.Info("ring closed")
+	return errors.Join(errs...)
+}
+
+// sync waits until the engine has finished the iteration it was in, so that
+// an endpoint removed from the table is no longer referenced by it.
+func (r *Ring) sync() {
+	start := r.epoch.Load()
+	r.doorbell.Wake()
+	for r.epoch.Load() < start+2 {
+		select {
+		case <-r.done:
+			return
+		default:
+		}
+		if r.sleeping.Load() && r.epoch.Load() > start {
+			// The engine went to sleep after the table changed.
+			return
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+func (r *Ring) run() {
+	runtime.LockOSThread()
+	defer close(r.done)
+	if err := r.eng.loop(); err != nil {
+		r.fatal.Store(&err)
+		r.log.Error("ring engine stopped", zap.Error(err))
+	}
+}
+
+// interfaceAddrs lists the interface's addresses of one family (for a
+// wildcard bind).
+func (r *Ring) interfaceAddrs(v4 bool) ([]netip.Addr, error) {
+	fam := netlink.FAMILY_V6
+	if v4 {
+		fam = netlink.FAMILY_V4
+	}
+	link, err := r.nl.LinkByIndex(r.ifindex)
+	if err != nil {
+		return nil, fmt.Errorf("interface %s: %w", r.cfg.Interface, err)
+	}
+	addrs, err := r.nl.AddrList(link, fam)
+	if err != nil {
+		return nil, fmt.Errorf("interface %s: list addresses: %w", r.cfg.Interface, err)
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out, nil
+}
+
+// isLocal reports whether addr is one of the interface's addresses.
+func (r *Ring) isLocal(addr netip.Addr) (bool, error) {
+	addrs, err := r.interfaceAddrs(addr.Is4())
+	if err != nil {
+		return false, err
+	}
+	for _, a := range addrs {
+		if a == addr {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+var errRingClosed = fmt.Errorf("ring closed: %w", net.ErrClosed)
+
+// unixErr wraps an errno with context so errors.Is works on both.
+func unixErr(errno unix.Errno, format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), errno)
+}
