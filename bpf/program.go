@@ -69,6 +69,8 @@ type Program struct {
 	link    link.Link
 	ifindex int
 	mode    AttachMode
+	// fallback is why native mode was refused when ModeAuto chose generic.
+	fallback error
 }
 
 // errClosed is returned by every method called after Close.
@@ -116,6 +118,9 @@ func Attach(ifindex int, opts Options) (*Program, error) {
 		})
 		if err == nil {
 			p.link, p.mode = l, mode
+			if len(errs) > 0 {
+				p.fallback = errs[0]
+			}
 			return p, nil
 		}
 		errs = append(errs, attachError(ifindex, mode, err))
@@ -183,6 +188,11 @@ func attachError(ifindex int, mode AttachMode, err error) error {
 
 // Mode reports the mode the program is attached in (never ModeAuto).
 func (p *Program) Mode() AttachMode { return p.mode }
+
+// FallbackReason explains why ModeAuto ended up in generic mode (the
+// translated native-mode error, worth logging for operators); nil when the
+// requested or first-choice mode was used.
+func (p *Program) FallbackReason() error { return p.fallback }
 
 // Ifindex is the interface the program was attached to.
 func (p *Program) Ifindex() int { return p.ifindex }
@@ -356,7 +366,8 @@ func (p *Program) Attached() (bool, error) {
 	return xdp.Ifindex != 0 && int(xdp.Ifindex) == p.ifindex, nil
 }
 
-// Close detaches the program and frees its maps. Sockets stored with
+// Close detaches the program (it is off the interface when Close returns)
+// and frees its maps. Sockets stored with
 // SetSocket are released by the kernel, not closed for the caller.
 // Calling Close again is a no-op.
 func (p *Program) Close() error {
@@ -368,8 +379,14 @@ func (p *Program) Close() error {
 	p.closed = true
 	var errs []error
 	if p.link != nil {
-		if err := p.link.Close(); err != nil {
+		// Detach explicitly: closing our fd alone detaches only when it is
+		// the last reference, and a child forked concurrently by this
+		// process briefly holds one too (until its exec).
+		if err := p.link.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
 			errs = append(errs, fmt.Errorf("bpf: detach from ifindex %d: %w", p.ifindex, err))
+		}
+		if err := p.link.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("bpf: close link on ifindex %d: %w", p.ifindex, err))
 		}
 	}
 	if err := p.closeObjects(); err != nil {
