@@ -226,7 +226,7 @@ func TestAttachRejectsBadArguments(t *testing.T) {
 	if _, err := Attach(0, Options{}); err == nil || !strings.Contains(err.Error(), "invalid ifindex") {
 		t.Errorf("Attach(0) error = %v", err)
 	}
-	if _, err := Attach(1, Options{Mode: 9}); err == nil || !strings.Contains(err.Error(), "unknown mode") {
+	if _, err := Attach(1<<30, Options{Mode: 9}); err == nil || !strings.Contains(err.Error(), "unknown mode") {
 		t.Errorf("Attach(mode 9) error = %v", err)
 	}
 }

@@ -139,6 +139,9 @@ func loadError(err error) error {
 	if errors.Is(err, unix.EPERM) {
 		return fmt.Errorf("bpf: load steering program: permission denied: run as root or grant CAP_BPF and CAP_NET_ADMIN: %w", err)
 	}
+	if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.E2BIG) {
+		return fmt.Errorf("bpf: load steering program: the kernel could not allocate the maps; lower Options.MaxFlows (each flow preallocates about 100 bytes): %w", err)
+	}
 	var verr *ebpf.VerifierError
 	if errors.As(err, &verr) {
 		return fmt.Errorf("bpf: load steering program: rejected by the kernel verifier (needs Linux 5.10+ with BTF and AF_XDP; report the log below): %w", err)

@@ -141,6 +141,20 @@ func TestAttachAndClose(t *testing.T) {
 	}
 }
 
+// TestAttachMaxFlowsTooLarge fails at map creation, before any interface
+// is touched (the ifindex does not exist either).
+func TestAttachMaxFlowsTooLarge(t *testing.T) {
+	netlab.RequirePriv(t)
+	p, err := Attach(1<<30, Options{MaxFlows: 1 << 31})
+	if err == nil {
+		p.Close()
+		t.Fatal("Attach with 2^31 flows succeeded")
+	}
+	if !strings.Contains(err.Error(), "lower Options.MaxFlows") {
+		t.Fatalf("Attach with 2^31 flows: %v; want advice to lower MaxFlows", err)
+	}
+}
+
 func TestAttachConflicts(t *testing.T) {
 	t.Parallel()
 	lab := netlab.NewPair(t, netlab.Options{})
