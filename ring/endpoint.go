@@ -357,36 +357,66 @@ func (ep *Endpoint) waitTX(n int, deadline time.Time) error {
 	return err
 }
 
+// Message is one datagram of a batch receive.
+type Message struct {
+	// Buf receives the payload; N is how many bytes were stored (a longer
+	// datagram is truncated, as recvfrom(2) does).
+	Buf  []byte
+	N    int
+	Addr netip.AddrPort
+}
+
 // Recv receives one datagram into b, returning its length and sender. A
 // datagram longer than b is truncated (the rest discarded), as recvfrom(2)
-// does. It blocks until a datagram arrives, the deadline passes (EAGAIN
-// wrapped with os.ErrDeadlineExceeded) or the endpoint closes.
+// does. It blocks until a datagram arrives, the deadline passes (an error
+// matching both os.ErrDeadlineExceeded and EAGAIN) or the endpoint closes
+// (net.ErrClosed).
 func (ep *Endpoint) Recv(b []byte, deadline time.Time) (int, netip.AddrPort, error) {
+	m := [1]Message{{Buf: b}}
+	if _, err := ep.RecvBatch(m[:], deadline); err != nil {
+		return 0, netip.AddrPort{}, err
+	}
+	return m[0].N, m[0].Addr, nil
+}
+
+// RecvBatch waits like Recv for the first datagram, then fills msgs with
+// those already queued, without blocking again, and returns how many.
+func (ep *Endpoint) RecvBatch(msgs []Message, deadline time.Time) (int, error) {
+	if len(msgs) == 0 {
+		return 0, nil
+	}
 	ep.rxMu.Lock()
 	defer ep.rxMu.Unlock()
+	var h dgram.Header
 	for {
 		if ep.closed.Load() {
-			return 0, netip.AddrPort{}, ep.closedErr()
+			return 0, ep.closedErr()
 		}
-		rec, _, err := ep.rxq.Peek()
-		if err == nil {
-			var h dgram.Header
+		n := 0
+		for n < len(msgs) {
+			rec, _, err := ep.rxq.Peek()
+			if err != nil {
+				if !errors.Is(err, shmq.ErrEmpty) {
+					return n, fmt.Errorf("receive on %v: %w", ep.local, err)
+				}
+				break
+			}
 			payload, perr := dgram.Parse(rec, &h)
-			n := copy(b, payload)
+			if perr == nil {
+				msgs[n].N = copy(msgs[n].Buf, payload)
+				msgs[n].Addr = h.Addr
+				n++
+			}
 			ep.rxq.Advance()
+		}
+		if n > 0 {
 			if ep.rxq.Release() {
 				ep.r.doorbell.Wake()
 			}
-			if perr != nil {
-				continue
-			}
-			return n, h.Addr, nil
-		}
-		if !errors.Is(err, shmq.ErrEmpty) {
-			return 0, netip.AddrPort{}, fmt.Errorf("receive on %v: %w", ep.local, err)
+			return n, nil
 		}
 		if err := ep.waitRX(deadline); err != nil {
-			return 0, netip.AddrPort{}, err
+			return 0, err
 		}
 	}
 }

@@ -57,6 +57,10 @@ type Config struct {
 	// when the driver refuses).
 	XDPMode bpf.AttachMode
 
+	// CPUs pins the engine thread to these CPUs (empty: no pinning), like
+	// VMA's internal thread affinity.
+	CPUs []int
+
 	// Batch is the largest number of frames moved per provider call
 	// (default 64).
 	Batch int
@@ -273,6 +277,11 @@ func (r *Ring) sync() {
 func (r *Ring) run() {
 	runtime.LockOSThread()
 	defer close(r.done)
+	if len(r.cfg.CPUs) > 0 {
+		if err := pinThread(r.cfg.CPUs); err != nil {
+			r.log.Warn("cannot pin engine thread", zap.Ints("cpus", r.cfg.CPUs), zap.Error(err))
+		}
+	}
 	if err := r.eng.loop(); err != nil {
 		r.fatal.Store(&err)
 		r.log.Error("ring engine stopped", zap.Error(err))
@@ -315,6 +324,15 @@ func (r *Ring) isLocal(addr netip.Addr) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// pinThread restricts the calling OS thread to cpus.
+func pinThread(cpus []int) error {
+	var set unix.CPUSet
+	for _, c := range cpus {
+		set.Set(c)
+	}
+	return unix.SchedSetaffinity(0, &set)
 }
 
 var errRingClosed = fmt.Errorf("ring closed: %w", net.ErrClosed)

@@ -391,7 +391,11 @@ func (s *Socket) kickTX() error {
 	}
 	for i := 0; i < s.cfg.RingSize/16+2; i++ {
 		s.kicks.Add(1)
-		_, _, e := unix.Syscall6(unix.SYS_SENDTO, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+		// RawSyscall: the call never blocks (MSG_DONTWAIT), and the
+		// ordinary path would let the runtime hand this thread's P away
+		// during a long copy-mode transmit, parking the engine thread on
+		// return until a P is free.
+		_, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 		switch e {
 		case 0:
 			return nil
@@ -415,7 +419,7 @@ func (s *Socket) kickTX() error {
 
 func (s *Socket) kickRX() {
 	s.kicks.Add(1)
-	_, _, _ = unix.Syscall6(unix.SYS_RECVFROM, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+	_, _, _ = unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 }
 
 // Complete implements qp.Provider.

@@ -1,0 +1,510 @@
+// Command ringbench measures the ring layer against the kernel path in one
+// network-namespace lab: UDP TX through a ring endpoint vs kernel sendmmsg,
+// and UDP RX through a ring endpoint vs kernel recvmmsg under the same
+// offered load (a kernel sendmmsg sender in the peer namespace). It prints a
+// Markdown table with medians, spread (min–max) and ratios.
+//
+// Run as root: go run ./bench/ringbench -runs 5 -duration 2s
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/internal/netlab"
+	"github.com/bypassd/bypassd/ring"
+)
+
+type options struct {
+	runs     int
+	duration time.Duration
+	size     int
+	batch    int
+	poll     time.Duration
+	only     string
+	split    bool
+	load     string
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.runs, "runs", 5, "runs per measurement (the median is reported)")
+	flag.DurationVar(&o.duration, "duration", 2*time.Second, "length of one run")
+	flag.IntVar(&o.size, "size", 64, "UDP payload bytes")
+	flag.IntVar(&o.batch, "batch", 64, "datagrams per send/receive call")
+	flag.DurationVar(&o.poll, "poll", 0, "ring engine spin time before sleeping (negative: spin forever)")
+	flag.StringVar(&o.load, "load", "ring", "RX load generator in the peer namespace: ring (an AF_XDP ring, the fastest sender here) or kernel (sendmmsg)")
+	flag.BoolVar(&o.split, "split", true, "senders on CPU 0, the receiving side (threaded NAPI, receiver) on CPU 1")
+	only := flag.String("only", "", "run only the cases whose name contains this (tx-kernel, tx-ring, rx-kernel, rx-ring)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	flag.Parse()
+	o.only = *only
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "ringbench:", err)
+			os.Exit(1)
+		}
+		_ = pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "ringbench:", err)
+		pprof.StopCPUProfile()
+		os.Exit(1)
+	}
+}
+
+// sample is one run's result in packets per second.
+type sample struct {
+	sent, delivered float64
+}
+
+func run(o options) error {
+	if ok, why := netlab.Privileged(); !ok {
+		return fmt.Errorf("needs root: %s", why)
+	}
+	// Static neighbours: the TX sink drops everything, ARP included.
+	p, err := netlab.CreatePair(netlab.Options{StaticNeigh: true})
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		p.Close()
+		os.Exit(130)
+	}()
+
+	b := &bench{o: o, p: p, sendCPU: -1, recvCPU: -1}
+	if o.split {
+		b.sendCPU, b.recvCPU = 0, 1
+		for _, l := range []*netlab.Link{p.A, p.B} {
+			if err := threadedNAPI(l); err != nil {
+				return err
+			}
+		}
+	}
+	results := map[string][]sample{}
+	cases := []struct {
+		name string
+		fn   func() (sample, error)
+	}{
+		{"tx-kernel", b.txKernel}, {"tx-ring", b.txRing},
+		{"rx-kernel", b.rxKernel}, {"rx-ring", b.rxRing},
+	}
+	for i := 0; i < o.runs; i++ {
+		for _, c := range cases {
+			if !strings.Contains(c.name, o.only) {
+				continue
+			}
+			s, err := c.fn()
+			if err != nil {
+				return fmt.Errorf("%s run %d: %w", c.name, i+1, err)
+			}
+			results[c.name] = append(results[c.name], s)
+			fmt.Fprintf(os.Stderr, "%-10s run %d: sent %.3f Mpps, delivered %.3f Mpps\n", c.name, i+1, s.sent/1e6, s.delivered/1e6)
+		}
+	}
+	report(o, results)
+	return nil
+}
+
+type bench struct {
+	o                options
+	p                *netlab.Pair
+	sendCPU, recvCPU int
+}
+
+// onThread runs fn on a fresh OS thread pinned to cpu (negative: not
+// pinned). The thread is never unlocked, so it exits with the goroutine and
+// its affinity cannot leak to other goroutines.
+func onThread(cpu int, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := pinSelf(cpu); err != nil {
+			errc <- err
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// pinReceiver pins the NAPI threads of the receiving interface.
+func (b *bench) pinReceiver(l *netlab.Link) error {
+	if !b.o.split {
+		return nil
+	}
+	return pinNAPI(l, b.recvCPU)
+}
+
+func (b *bench) engineCPUs(cpu int) []int {
+	if cpu < 0 {
+		return nil
+	}
+	return []int{cpu}
+}
+
+// sink attaches the counting XDP drop program to B's interface; the
+// datagrams' destination port in B needs no socket.
+func (b *bench) sink() (*xdpSink, netip.AddrPort, error) {
+	var sk *xdpSink
+	err := b.p.B.NS.Do(func() error {
+		var err error
+		sk, err = newXDPSink(b.p.B.Index)
+		return err
+	})
+	return sk, netip.AddrPortFrom(b.p.B.Addr4(), 9), err
+}
+
+func (b *bench) txKernel() (sample, error) {
+	sink, dst, err := b.sink()
+	if err != nil {
+		return sample{}, err
+	}
+	defer sink.close()
+	var s *mmsgSocket
+	if err := b.p.A.NS.Do(func() error {
+		var err error
+		s, err = newMmsgSocket(netip.AddrPortFrom(b.p.A.Addr4(), 0), b.o.batch, b.o.size)
+		return err
+	}); err != nil {
+		return sample{}, err
+	}
+	defer s.close()
+	s.setDest(dst, b.o.size)
+	if err := b.pinReceiver(b.p.B); err != nil {
+		return sample{}, err
+	}
+	before, err := sink.count()
+	if err != nil {
+		return sample{}, err
+	}
+	var sent uint64
+	start := time.Now()
+	err = onThread(b.sendCPU, func() error {
+		for time.Since(start) < b.o.duration {
+			n, err := s.send()
+			if err != nil && !errors.Is(err, unix.ENOBUFS) && !errors.Is(err, unix.EAGAIN) {
+				return fmt.Errorf("sendmmsg: %w", err)
+			}
+			sent += uint64(n)
+		}
+		return nil
+	})
+	if err != nil {
+		return sample{}, err
+	}
+	el := time.Since(start).Seconds()
+	after, err := sink.count()
+	if err != nil {
+		return sample{}, err
+	}
+	return sample{sent: float64(sent) / el, delivered: float64(after-before) / el}, nil
+}
+
+func (b *bench) openRing(cpu int) (*ring.Ring, *ring.Endpoint, error) {
+	var r *ring.Ring
+	err := b.p.A.NS.Do(func() error {
+		var err error
+		r, err = ring.Open(ring.Config{Interface: b.p.A.Name, Poll: b.o.poll, CPUs: b.engineCPUs(cpu)})
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	ep, err := r.BindUDP(netip.AddrPortFrom(b.p.A.Addr4(), 0))
+	if err != nil {
+		r.Close()
+		return nil, nil, err
+	}
+	return r, ep, nil
+}
+
+func (b *bench) txRing() (sample, error) {
+	sink, dst, err := b.sink()
+	if err != nil {
+		return sample{}, err
+	}
+	defer sink.close()
+	r, ep, err := b.openRing(b.sendCPU)
+	if err != nil {
+		return sample{}, err
+	}
+	defer r.Close()
+	// Let the engine set up the destination before measuring.
+	if err := ep.Send(make([]byte, b.o.size), dst, time.Time{}); err != nil {
+		return sample{}, err
+	}
+	time.Sleep(100 * time.Millisecond)
+	msgs := make([][]byte, b.o.batch)
+	for i := range msgs {
+		msgs[i] = make([]byte, b.o.size)
+	}
+	if err := b.pinReceiver(b.p.B); err != nil {
+		return sample{}, err
+	}
+	before, err := sink.count()
+	if err != nil {
+		return sample{}, err
+	}
+	tx0 := r.Stats().TXPackets.Load()
+	start := time.Now()
+	err = onThread(b.recvCPU, func() error {
+		for time.Since(start) < b.o.duration {
+			if _, err := ep.SendBatch(msgs, dst, time.Time{}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return sample{}, err
+	}
+	el := time.Since(start).Seconds()
+	sent := r.Stats().TXPackets.Load() - tx0
+	after, err := sink.count()
+	if err != nil {
+		return sample{}, err
+	}
+	return sample{sent: float64(sent) / el, delivered: float64(after-before) / el}, nil
+}
+
+// offer runs a kernel sendmmsg sender in B towards dst for the run's
+// duration and returns the number of datagrams sent.
+func (b *bench) offer(dst netip.AddrPort, wg *sync.WaitGroup, sent *atomic.Uint64, errp *error) (stop func()) {
+	if b.o.load == "ring" {
+		return b.offerRing(dst, wg, sent, errp)
+	}
+	var s *mmsgSocket
+	*errp = b.p.B.NS.Do(func() error {
+		var err error
+		s, err = newMmsgSocket(netip.AddrPortFrom(b.p.B.Addr4(), 0), b.o.batch, b.o.size)
+		return err
+	})
+	if *errp != nil {
+		return func() {}
+	}
+	s.setDest(dst, b.o.size)
+	var quit atomic.Bool
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer s.close()
+		runtime.LockOSThread() // never unlocked: the pinned thread exits with us
+		if err := pinSelf(b.sendCPU); err != nil {
+			*errp = err
+			return
+		}
+		for !quit.Load() {
+			n, err := s.send()
+			if err != nil && !errors.Is(err, unix.ENOBUFS) && !errors.Is(err, unix.EAGAIN) {
+				*errp = err
+				return
+			}
+			sent.Add(uint64(n))
+		}
+	}()
+	return func() { quit.Store(true) }
+}
+
+// offerRing is offer with a ring in B as the sender: a kernel sender on one
+// core cannot load a receiving core here.
+func (b *bench) offerRing(dst netip.AddrPort, wg *sync.WaitGroup, sent *atomic.Uint64, errp *error) (stop func()) {
+	var r *ring.Ring
+	*errp = b.p.B.NS.Do(func() error {
+		var err error
+		r, err = ring.Open(ring.Config{Interface: b.p.B.Name, Poll: b.o.poll, CPUs: b.engineCPUs(b.sendCPU)})
+		return err
+	})
+	if *errp != nil {
+		return func() {}
+	}
+	ep, err := r.BindUDP(netip.AddrPortFrom(b.p.B.Addr4(), 0))
+	if err != nil {
+		r.Close()
+		*errp = err
+		return func() {}
+	}
+	msgs := make([][]byte, b.o.batch)
+	for i := range msgs {
+		msgs[i] = make([]byte, b.o.size)
+	}
+	var quit atomic.Bool
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer r.Close()
+		runtime.LockOSThread() // never unlocked: the pinned thread exits with us
+		if err := pinSelf(b.sendCPU); err != nil {
+			*errp = err
+			return
+		}
+		tx0 := r.Stats().TXPackets.Load()
+		for !quit.Load() {
+			if _, err := ep.SendBatch(msgs, dst, time.Now().Add(10*time.Millisecond)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				*errp = err
+				return
+			}
+		}
+		sent.Add(r.Stats().TXPackets.Load() - tx0)
+	}()
+	return func() { quit.Store(true) }
+}
+
+func (b *bench) rxKernel() (sample, error) {
+	var s *mmsgSocket
+	if err := b.p.A.NS.Do(func() error {
+		var err error
+		s, err = newMmsgSocket(netip.AddrPortFrom(b.p.A.Addr4(), 0), b.o.batch, 2048)
+		return err
+	}); err != nil {
+		return sample{}, err
+	}
+	defer s.close()
+	tv := unix.Timeval{Usec: 100000}
+	_ = unix.SetsockoptTimeval(s.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	return b.receive(netip.AddrPortFrom(b.p.A.Addr4(), uint16(s.localPort())), func() (int, error) {
+		n, err := s.recv()
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+			return 0, nil
+		}
+		return n, err
+	})
+}
+
+func (b *bench) rxRing() (sample, error) {
+	r, ep, err := b.openRing(b.recvCPU)
+	if err != nil {
+		return sample{}, err
+	}
+	defer r.Close()
+	msgs := make([]ring.Message, b.o.batch)
+	for i := range msgs {
+		msgs[i].Buf = make([]byte, 2048)
+	}
+	return b.receive(ep.LocalAddr(), func() (int, error) {
+		n, err := ep.RecvBatch(msgs, time.Now().Add(100*time.Millisecond))
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return 0, nil
+		}
+		return n, err
+	})
+}
+
+// receive offers load to dst for the run's duration while recv counts what
+// the application gets; it keeps receiving briefly after the sender stops
+// to collect what is still queued.
+func (b *bench) receive(dst netip.AddrPort, recv func() (int, error)) (sample, error) {
+	var wg sync.WaitGroup
+	var sent atomic.Uint64
+	var sendErr error
+	if err := b.pinReceiver(b.p.A); err != nil {
+		return sample{}, err
+	}
+	var got uint64
+	var el float64
+	err := onThread(b.recvCPU, func() error {
+		start := time.Now()
+		stop := b.offer(dst, &wg, &sent, &sendErr)
+		if sendErr != nil {
+			return sendErr
+		}
+		for time.Since(start) < b.o.duration {
+			n, err := recv()
+			if err != nil {
+				stop()
+				wg.Wait()
+				return err
+			}
+			got += uint64(n)
+		}
+		stop()
+		wg.Wait()
+		el = time.Since(start).Seconds()
+		for drainEnd := time.Now().Add(200 * time.Millisecond); time.Now().Before(drainEnd); {
+			n, err := recv()
+			if err != nil || n == 0 {
+				break
+			}
+			got += uint64(n)
+		}
+		return nil
+	})
+	if err != nil {
+		return sample{}, err
+	}
+	if sendErr != nil {
+		return sample{}, fmt.Errorf("sender: %w", sendErr)
+	}
+	return sample{sent: float64(sent.Load()) / el, delivered: float64(got) / el}, nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func col(ss []sample, f func(sample) float64) []float64 {
+	out := make([]float64, len(ss))
+	for i, s := range ss {
+		out[i] = f(s)
+	}
+	return out
+}
+
+func report(o options, res map[string][]sample) {
+	if len(res) < 4 {
+		return
+	}
+	sent := func(s sample) float64 { return s.sent }
+	dlv := func(s sample) float64 { return s.delivered }
+	row := func(name, what string, xs []float64) string {
+		return fmt.Sprintf("| %s | %s | %.3f | %.3f–%.3f |", name, what, median(xs)/1e6, slices.Min(xs)/1e6, slices.Max(xs)/1e6)
+	}
+	var sb strings.Builder
+	place := "unpinned"
+	if o.split {
+		place = "split (senders on CPU 0; receiving NAPI thread and receiver on CPU 1)"
+	}
+	fmt.Fprintf(&sb, "%d-byte UDP, %d runs of %v, batch %d, ring poll %v, placement %s\n\n", o.size, o.runs, o.duration, o.batch, o.poll, place)
+	sb.WriteString("| path | measured | median Mpps | spread Mpps |\n|---|---|---|---|\n")
+	for _, c := range []struct{ name, what string }{
+		{"tx-kernel", "sendmmsg, arrived at peer XDP"}, {"tx-ring", "ring endpoint, arrived at peer XDP"},
+	} {
+		fmt.Fprintln(&sb, row(c.name, c.what, col(res[c.name], dlv)))
+	}
+	for _, c := range []string{"rx-kernel", "rx-ring"} {
+		fmt.Fprintln(&sb, row(c, "offered by peer ("+o.load+" sender)", col(res[c], sent)))
+		fmt.Fprintln(&sb, row(c, "delivered to application", col(res[c], dlv)))
+	}
+	txRatio := median(col(res["tx-ring"], dlv)) / median(col(res["tx-kernel"], dlv))
+	rxRatio := median(col(res["rx-ring"], dlv)) / median(col(res["rx-kernel"], dlv))
+	dropK := 1 - median(col(res["rx-kernel"], dlv))/median(col(res["rx-kernel"], sent))
+	dropR := 1 - median(col(res["rx-ring"], dlv))/median(col(res["rx-ring"], sent))
+	fmt.Fprintf(&sb, "\nTX ratio ring/kernel: %.2fx (target >= 2.0x)\n", txRatio)
+	fmt.Fprintf(&sb, "RX ratio ring/kernel (delivered): %.2fx (target >= 1.5x); drops: kernel %.1f%%, ring %.1f%%\n", rxRatio, 100*dropK, 100*dropR)
+	fmt.Print(sb.String())
+}
