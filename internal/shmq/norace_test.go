@@ -1,0 +1,5 @@
+//go:build !race
+
+package shmq
+
+const raceEnabled = false
