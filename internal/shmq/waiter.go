@@ -1,11 +1,11 @@
 package shmq
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -35,8 +35,11 @@ func (timeoutError) Is(target error) bool { return target == os.ErrDeadlineExcee
 // goroutine, not an OS thread, and Close unblocks it. Only one goroutine
 // should Wait at a time (one wake-up token serves one sleeper).
 type Waiter struct {
-	fd     int      // kept separately: f.Fd() would switch the shared file description to blocking mode
-	f      *os.File // owns fd
+	fd int      // kept separately: f.Fd() would switch the shared file description to blocking mode
+	f  *os.File // owns fd; Wait reads through it (netpoller, deadline, Close unblocks)
+	// mu keeps Close from closing fd (and the number being reused) while
+	// Wake writes to it directly, which avoids allocating per wake-up.
+	mu     sync.RWMutex
 	closed atomic.Bool
 }
 
@@ -89,32 +92,23 @@ func (w *Waiter) FD() int { return w.fd }
 // Wake adds one wake-up token. It never blocks: a saturated eventfd counter
 // (only possible if the peer wrote a huge value) already means "readable".
 func (w *Waiter) Wake() error {
-	rc, err := w.f.SyscallConn()
-	if err != nil {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	if w.closed.Load() {
 		return ErrClosed
 	}
-	var buf [8]byte
-	binary.NativeEndian.PutUint64(buf[:], 1)
-	var werr error
-	err = rc.Write(func(fd uintptr) bool {
-		for {
-			_, werr = unix.Write(int(fd), buf[:])
-			if werr != unix.EINTR {
-				break
-			}
+	buf := [8]byte{1} // the value 1 in native (little-endian) byte order
+	for {
+		_, err := unix.Write(w.fd, buf[:])
+		switch err {
+		case nil, unix.EAGAIN:
+			return nil
+		case unix.EINTR:
+			continue
+		default:
+			return fmt.Errorf("shmq: wake eventfd %d: %w", w.fd, err)
 		}
-		if werr == unix.EAGAIN {
-			werr = nil
-		}
-		return true // never park in the netpoller
-	})
-	if err != nil {
-		return ErrClosed
 	}
-	if werr != nil {
-		return fmt.Errorf("shmq: wake eventfd %d: %w", w.fd, werr)
-	}
-	return nil
 }
 
 // Wait sleeps until a wake-up token is available and consumes all pending
@@ -158,6 +152,8 @@ func (w *Waiter) Closed() bool { return w.closed.Load() }
 // Close closes the eventfd and unblocks a concurrent Wait with ErrClosed.
 // Closing twice returns ErrClosed.
 func (w *Waiter) Close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if w.closed.Swap(true) {
 		return ErrClosed
 	}
