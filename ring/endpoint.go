@@ -235,8 +235,10 @@ func (ep *Endpoint) Stats() *EndpointStats { return &ep.stats }
 func (ep *Endpoint) Close() error {
 	ep.closeOnce.Do(func() {
 		ep.closed.Store(true)
-		ep.rxWait.Wake()
-		ep.txWait.Wake()
+		// Closing the waiters unblocks Send and Recv calls sleeping on
+		// them (they return net.ErrClosed).
+		_ = ep.rxWait.Close()
+		_ = ep.txWait.Close()
 		r := ep.r
 		r.mu.Lock()
 		r.table.Store(r.table.Load().without(ep))
@@ -248,8 +250,8 @@ func (ep *Endpoint) Close() error {
 		}
 		ep.flows = nil
 		r.sync()
-		// Blocked callers hold the locks while waiting: they return after
-		// the wake above, then the waiters can go.
+		// Blocked callers hold the locks while waiting: they have returned
+		// once the locks are ours.
 		ep.txMu.Lock()
 		ep.rxMu.Lock()
 		ep.release()
@@ -338,23 +340,20 @@ func (ep *Endpoint) waitTX(n int, deadline time.Time) error {
 	if ep.closed.Load() || ep.broken.Load() {
 		return ep.closedErr()
 	}
-	if ep.txq.ArmWriteWait(n) {
-		ep.txq.DisarmWriteWait()
-		return nil // room appeared
-	}
-	if !deadline.IsZero() && !time.Now().Before(deadline) {
-		ep.txq.DisarmWriteWait()
-		return fmt.Errorf("send from %v: queue full: %w", ep.local, errTimeout)
-	}
-	err := ep.txWait.Wait(deadline)
-	ep.txq.DisarmWriteWait()
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return fmt.Errorf("send from %v: queue full: %w", ep.local, errTimeout)
-	}
-	if errors.Is(err, shmq.ErrClosed) {
+	return ep.waitErr("send", ep.r.userPolicy.WaitWritable(ep.txq, n, ep.txWait, deadline))
+}
+
+// waitErr turns a queue wait's error into what a socket user expects.
+func (ep *Endpoint) waitErr(op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, shmq.ErrTimeout):
+		return fmt.Errorf("%s on %v: %w", op, ep.local, errTimeout)
+	case errors.Is(err, shmq.ErrClosed):
 		return ep.closedErr()
 	}
-	return err
+	return fmt.Errorf("%s on %v: %w", op, ep.local, err)
 }
 
 // Message is one datagram of a batch receive.
@@ -422,23 +421,7 @@ func (ep *Endpoint) RecvBatch(msgs []Message, deadline time.Time) (int, error) {
 }
 
 func (ep *Endpoint) waitRX(deadline time.Time) error {
-	if ep.rxq.ArmReadWait() {
-		ep.rxq.DisarmReadWait()
-		return nil
-	}
-	if !deadline.IsZero() && !time.Now().Before(deadline) {
-		ep.rxq.DisarmReadWait()
-		return fmt.Errorf("receive on %v: %w", ep.local, errTimeout)
-	}
-	err := ep.rxWait.Wait(deadline)
-	ep.rxq.DisarmReadWait()
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return fmt.Errorf("receive on %v: %w", ep.local, errTimeout)
-	}
-	if errors.Is(err, shmq.ErrClosed) {
-		return ep.closedErr()
-	}
-	return err
+	return ep.waitErr("receive", ep.r.userPolicy.WaitReadable(ep.rxq, ep.rxWait, deadline))
 }
 
 // errTimeout is what a deadline produces: both EAGAIN (as the kernel's

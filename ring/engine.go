@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"sync/atomic"
 	"time"
@@ -72,6 +73,9 @@ const (
 	destReady
 	destFailed
 )
+
+// maxDests bounds the destination cache.
+const maxDests = 8192
 
 // tmplKey selects a header template: one per (source, destination) pair.
 type tmplKey struct{ src, dst netip.AddrPort }
@@ -355,8 +359,8 @@ func (e *engine) drain(ep *Endpoint) (int, error) {
 			// go on.
 			if !ep.broken.Swap(true) {
 				r.log.Warn("endpoint TX queue corrupt; endpoint disabled", zap.Stringer("local", ep.local), zap.Error(err))
-				ep.rxWait.Wake()
-				ep.txWait.Wake()
+				_ = ep.rxWait.Close()
+				_ = ep.txWait.Close()
 			}
 			break
 		}
@@ -466,7 +470,13 @@ func (e *engine) template(ep *Endpoint, dst netip.AddrPort) (*packet.Template, *
 		return tmpl, d, true
 	}
 	if d == nil {
-		d = &dest{state: destResolving}
+		if len(e.dests) >= maxDests {
+			// Bounded memory for a server answering many peers: start
+			// over; entries are rebuilt on demand.
+			clear(e.dests)
+			clear(e.tmpls)
+		}
+		d = &dest{state: destResolving, ipID: rand.Uint32()}
 		e.dests[dst.Addr()] = d
 		e.startResolve(dst.Addr())
 		return nil, nil, false
@@ -491,6 +501,9 @@ func (e *engine) template(ep *Endpoint, dst netip.AddrPort) (*packet.Template, *
 		e.r.log.Warn("cannot build header template", zap.Stringer("dst", dst), zap.Error(err))
 		return nil, d, true
 	}
+	if len(e.tmpls) >= 4*maxDests {
+		clear(e.tmpls)
+	}
 	e.tmpls[key] = tmpl
 	return tmpl, d, true
 }
@@ -498,7 +511,7 @@ func (e *engine) template(ep *Endpoint, dst netip.AddrPort) (*packet.Template, *
 func (e *engine) startResolve(addr netip.Addr) {
 	r := e.r
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ResolveTimeout)
+		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.ResolveTimeout)
 		defer cancel()
 		next, err := r.res.Resolve(ctx, addr)
 		select {

@@ -17,6 +17,7 @@
 package ring
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -67,6 +68,10 @@ type Config struct {
 	// Poll is how long the engine spins looking for work before it sleeps
 	// (VMA's RX poll): 0 sleeps at once, negative spins forever. Default 0.
 	Poll time.Duration
+	// RXPoll is how long a blocked Recv or Send spins on its queue before
+	// sleeping on the queue's eventfd (VMA_RX_POLL): 0 sleeps at once,
+	// negative spins forever. Default 0.
+	RXPoll time.Duration
 	// QueueBytes is the data capacity of each endpoint queue (each
 	// direction), a power of two (default 1 MiB).
 	QueueBytes int
@@ -128,6 +133,11 @@ type Ring struct {
 	fatal    atomic.Pointer[error]
 
 	resolved chan resolution
+	// ctx ends with the ring; it bounds background next-hop resolutions.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// userPolicy is how endpoint users wait on their queues.
+	userPolicy shmq.Policy
 
 	stats Stats
 	eng   engine
@@ -143,7 +153,7 @@ func Open(cfg Config) (_ *Ring, err error) {
 		return nil, fmt.Errorf("ring %s/%d: queue size %d: must be a power of two >= 4096", cfg.Interface, cfg.Queue, cfg.QueueBytes)
 	}
 	r := &Ring{cfg: cfg, log: cfg.Log.With(zap.String("ring", fmt.Sprintf("%s/%d", cfg.Interface, cfg.Queue))),
-		done: make(chan struct{}), resolved: make(chan resolution, 64)}
+		done: make(chan struct{}), resolved: make(chan resolution, 64), userPolicy: shmq.Policy{Spin: cfg.RXPoll}}
 	var cleanups []func()
 	defer func() {
 		if err != nil {
@@ -205,6 +215,7 @@ func Open(cfg Config) (_ *Ring, err error) {
 	r.eng.init(r)
 	r.log.Info("ring open", zap.String("mode", caps.Mode), zap.Int("mtu", r.mtu),
 		zap.Int("frames", cfg.Frames), zap.Int("frame_size", caps.FrameSize))
+	r.ctx, r.cancel = context.WithCancel(context.Background())
 	go r.run()
 	return r, nil
 }
@@ -241,6 +252,7 @@ func (r *Ring) Close() error {
 		_ = ep.Close()
 	}
 	r.stop.Store(true)
+	r.cancel()
 	r.doorbell.Wake()
 	<-r.done
 	var errs []error
