@@ -269,6 +269,9 @@ func (e *engine) receive() int {
 	if fragments {
 		e.publishReassemblyStats()
 	}
+	// Counters first, so that a reader woken by the datagrams sees them.
+	r.stats.RXPackets.Add(pkts)
+	r.stats.RXBytes.Add(bytes)
 	for _, ep := range e.touched {
 		ep.touched = false
 		if ep.erx.Publish() {
@@ -276,8 +279,6 @@ func (e *engine) receive() int {
 		}
 	}
 	e.touched = e.touched[:0]
-	r.stats.RXPackets.Add(pkts)
-	r.stats.RXBytes.Add(bytes)
 	return n
 }
 

@@ -357,7 +357,10 @@ func (q *Queue) Publish() bool {
 	if p.idx == p.published {
 		return false
 	}
-	atomic.StoreUint64(q.prodIdx, p.idx) // Dekker: store index, then load flag
+	// Dekker: store index, then load flag. Swap, not Store: it is a full
+	// barrier on every build, while race-detector builds implement Store as
+	// a release store that a later load may overtake (seen as lost wake-ups).
+	atomic.SwapUint64(q.prodIdx, p.idx)
 	p.published = p.idx
 	// Load first so the common case does not write the shared line.
 	if atomic.LoadUint32(q.consWaiting) != 0 {
@@ -393,7 +396,7 @@ func (q *Queue) Writable(n int) bool {
 // optional). Otherwise sleep on the producer's Waiter; the consumer's
 // Release reports when to wake it.
 func (q *Queue) ArmWriteWait(n int) bool {
-	atomic.StoreUint32(q.prodWaiting, 1) // Dekker: store flag, then load index
+	atomic.SwapUint32(q.prodWaiting, 1) // Dekker: store flag, then load index (Swap: see Publish)
 	return q.Writable(n)
 }
 
@@ -494,7 +497,7 @@ func (q *Queue) Release() bool {
 	if c.idx == c.released {
 		return false
 	}
-	atomic.StoreUint64(q.consIdx, c.idx) // Dekker: store index, then load flag
+	atomic.SwapUint64(q.consIdx, c.idx) // Dekker: store index, then load flag (Swap: see Publish)
 	c.released = c.idx
 	if atomic.LoadUint32(q.prodWaiting) != 0 {
 		return atomic.SwapUint32(q.prodWaiting, 0) != 0
@@ -517,7 +520,7 @@ func (q *Queue) Readable() bool {
 // there: do not sleep (DisarmReadWait is optional). Otherwise sleep on the
 // consumer's Waiter; the producer's Publish reports when to wake it.
 func (q *Queue) ArmReadWait() bool {
-	atomic.StoreUint32(q.consWaiting, 1) // Dekker: store flag, then load index
+	atomic.SwapUint32(q.consWaiting, 1) // Dekker: store flag, then load index (Swap: see Publish)
 	return q.Readable()
 }
 
