@@ -28,17 +28,34 @@ type Reservation struct {
 	f  *os.File // owns the socket; its finalizer closes a leaked one
 }
 
-// ReservePort binds an ordinary kernel socket (UDP; SO_REUSEADDR off) to addr
-// inside namespace ns (netns.None() means the current one) and returns it;
-// Close releases it. If addr's port is 0, the kernel picks one: Addr tells
-// which. A port in use is an error wrapping unix.EADDRINUSE that names addr.
+// ReserveOptions tune a reservation.
+type ReserveOptions struct {
+	// ReuseAddr sets SO_REUSEADDR, so that several reservations (or kernel
+	// sockets) that all set it may share the port, as multicast receivers
+	// do. Off by default: the port is then exclusively ours.
+	ReuseAddr bool
+}
+
+// ReservePort binds an ordinary kernel socket (UDP; SO_REUSEADDR off unless
+// opts says otherwise) to addr inside namespace ns (netns.None() means the
+// current one) and returns it; Close releases it. At most one opts may be
+// given. If addr's port is 0, the kernel picks one: Addr tells which. A port
+// in use is an error wrapping unix.EADDRINUSE that names addr.
 //
 // The socket's receive buffer is tiny and it is never read: traffic for the
 // port is steered away by XDP, and anything that still reaches it is dropped
 // by the kernel once the buffer is full. A "udp6" reservation is IPv6-only
 // (IPV6_V6ONLY), so it never also takes the IPv4 port; reserve that with
 // "udp4". An IPv6 link-local addr needs a zone (interface name or index in ns).
-func ReservePort(ns netns.NsHandle, network string, addr netip.AddrPort) (*Reservation, error) {
+func ReservePort(ns netns.NsHandle, network string, addr netip.AddrPort, opts ...ReserveOptions) (*Reservation, error) {
+	var o ReserveOptions
+	switch len(opts) {
+	case 0:
+	case 1:
+		o = opts[0]
+	default:
+		return nil, fmt.Errorf("route: reserve %s %s: %d option sets given, pass at most one: %w", network, addr, len(opts), unix.EINVAL)
+	}
 	ip := addr.Addr()
 	var family int
 	switch network {
@@ -78,6 +95,11 @@ func ReservePort(ns netns.NsHandle, network string, addr netip.AddrPort) (*Reser
 		}()
 		if err := unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_RCVBUF, reserveRcvBuf); err != nil {
 			return fmt.Errorf("set SO_RCVBUF: %w", err)
+		}
+		if o.ReuseAddr {
+			if err := unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+				return fmt.Errorf("set SO_REUSEADDR: %w", err)
+			}
 		}
 		if family == unix.AF_INET6 {
 			if err := unix.SetsockoptInt(s, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1); err != nil {

@@ -88,6 +88,27 @@ func TestReservePort(t *testing.T) {
 		}
 	})
 
+	t.Run("reuseaddr", func(t *testing.T) {
+		reuse := ReserveOptions{ReuseAddr: true}
+		first, err := ReservePort(ns, "udp4", netip.AddrPortFrom(p.A.Addr4(), 0), reuse)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer first.Close()
+		second, err := ReservePort(ns, "udp4", first.Addr(), reuse)
+		if err != nil {
+			t.Fatalf("second reservation with ReuseAddr: %v", err)
+		}
+		defer second.Close()
+		// Sharing needs consent from both sides.
+		if _, err := ReservePort(ns, "udp4", first.Addr()); !errors.Is(err, unix.EADDRINUSE) {
+			t.Fatalf("reservation without ReuseAddr on a shared port: %v, want EADDRINUSE", err)
+		}
+		if _, err := ReservePort(ns, "udp4", first.Addr(), reuse, reuse); !errors.Is(err, unix.EINVAL) {
+			t.Fatalf("two option sets: %v, want EINVAL", err)
+		}
+	})
+
 	t.Run("link-local", func(t *testing.T) {
 		ll := linkLocal(t, p.A)
 		if _, err := ReservePort(ns, "udp6", netip.AddrPortFrom(ll, 0)); !errors.Is(err, unix.EINVAL) {

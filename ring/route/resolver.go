@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,7 +61,6 @@ const (
 // It is safe for concurrent use.
 type Resolver struct {
 	ifindex int
-	ns      netns.NsHandle
 	log     *zap.Logger
 	gen     atomic.Uint64
 
@@ -74,14 +74,14 @@ type Resolver struct {
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 
-	mu       sync.Mutex
-	closed   bool
-	cache    map[netip.Addr]Next
-	nh       map[netip.Addr]*nhEntry
-	inflight int            // resolutions between their first query and their cache store
-	self     linkState      // our interface as last seen
-	others   map[int]uint32 // other interfaces' routing-relevant flags
-	ifname   atomic.Pointer[string]
+	mu      sync.Mutex
+	closed  bool
+	cache   map[netip.Addr]Next
+	nh      map[netip.Addr]*nhEntry
+	pending map[netip.Addr]int // destinations being resolved (not yet cached)
+	self    linkState          // our interface as last seen
+	others  map[int]uint32     // other interfaces' routing-relevant flags
+	ifname  atomic.Pointer[string]
 }
 
 // nhEntry tracks one next hop (a neighbour on our interface) that is cached
@@ -115,11 +115,11 @@ func NewResolver(ns netns.NsHandle, ifindex int, log *zap.Logger) (*Resolver, er
 	}
 	r := &Resolver{
 		ifindex: ifindex,
-		ns:      ns,
 		log:     log.With(zap.Int("ifindex", ifindex)),
 		done:    make(chan struct{}),
 		cache:   make(map[netip.Addr]Next),
 		nh:      make(map[netip.Addr]*nhEntry),
+		pending: make(map[netip.Addr]int),
 		others:  make(map[int]uint32),
 	}
 	r.gen.Store(1)
@@ -275,11 +275,15 @@ func (r *Resolver) Resolve(ctx context.Context, dst netip.Addr) (Next, error) {
 		r.mu.Unlock()
 		return n.clone(), nil
 	}
-	r.inflight++
+	// Registered before the first query: a route change touching dst while
+	// it is resolved must bump the generation although dst is not cached yet.
+	r.pending[dst]++
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
-		r.inflight--
+		if r.pending[dst]--; r.pending[dst] == 0 {
+			delete(r.pending, dst)
+		}
 		r.mu.Unlock()
 	}()
 
@@ -293,7 +297,7 @@ func (r *Resolver) Resolve(ctx context.Context, dst netip.Addr) (Next, error) {
 // checkZone accepts a zone only if it names the resolver's interface.
 func (r *Resolver) checkZone(dst netip.Addr) error {
 	z := dst.Zone()
-	if z == "" || z == r.name() || z == fmt.Sprint(r.ifindex) {
+	if z == "" || z == r.name() || z == strconv.Itoa(r.ifindex) {
 		return nil
 	}
 	return fmt.Errorf("route: resolve %s: the zone names another interface than the ring's %s: %w", dst, r.name(), unix.ENETUNREACH)
@@ -457,12 +461,13 @@ func (r *Resolver) storeLocked(dst netip.Addr, n Next, g0 uint64) bool {
 	}
 	if len(r.cache) >= maxCacheEntries {
 		// Starting over keeps memory bounded; nothing changed, so no bump.
+		// The next hops stay tracked: MACs already handed out must still be
+		// compared with what the kernel says next.
 		clear(r.cache)
-		for ip, e := range r.nh {
-			e.mac = nil
-			if e.refs == 0 {
-				delete(r.nh, ip)
-			}
+		if len(r.nh) >= maxCacheEntries {
+			// Only a bump lets us forget handed-out MACs.
+			r.invalidateLocked("too many next hops")
+			return false
 		}
 	}
 	r.cache[dst] = n

@@ -139,20 +139,24 @@ func TestRouteEventFilter(t *testing.T) {
 	t.Parallel()
 	cached := netip.MustParseAddr("192.0.2.7")
 	for _, tc := range []struct {
-		name     string
-		msg      []byte
-		inflight int
-		bump     bool
+		name    string
+		msg     []byte
+		pending string
+		bump    bool
 	}{
-		{"unrelated", rtmsgFor(t, "203.0.113.0/24"), 0, false},
-		{"other family", rtmsgFor(t, "2001:db8::/32"), 0, false},
-		{"covering", rtmsgFor(t, "192.0.2.0/24"), 0, true},
-		{"host", rtmsgFor(t, "192.0.2.7/32"), 0, true},
-		{"default", rtmsgFor(t, "0.0.0.0/0"), 0, true},
-		{"unrelated during a resolution", rtmsgFor(t, "203.0.113.0/24"), 1, true},
-		{"unparsable", []byte{1}, 0, true},
+		{"unrelated", rtmsgFor(t, "203.0.113.0/24"), "", false},
+		{"other family", rtmsgFor(t, "2001:db8::/32"), "", false},
+		{"covering", rtmsgFor(t, "192.0.2.0/24"), "", true},
+		{"host", rtmsgFor(t, "192.0.2.7/32"), "", true},
+		{"default", rtmsgFor(t, "0.0.0.0/0"), "", true},
+		{"covering a pending resolution", rtmsgFor(t, "203.0.113.0/24"), "203.0.113.5", true},
+		{"unrelated to a pending resolution", rtmsgFor(t, "198.51.100.0/24"), "203.0.113.5", false},
+		{"unparsable", []byte{1}, "", true},
 	} {
-		r := &Resolver{log: zap.NewNop(), cache: map[netip.Addr]Next{cached: {}}, nh: map[netip.Addr]*nhEntry{}, inflight: tc.inflight}
+		r := &Resolver{log: zap.NewNop(), cache: map[netip.Addr]Next{cached: {}}, nh: map[netip.Addr]*nhEntry{}, pending: map[netip.Addr]int{}}
+		if tc.pending != "" {
+			r.pending[netip.MustParseAddr(tc.pending)] = 1
+		}
 		r.routeEvent(&syscall.NetlinkMessage{Header: syscall.NlMsghdr{Type: unix.RTM_NEWROUTE}, Data: tc.msg})
 		if bumped := r.Generation() != 0; bumped != tc.bump {
 			t.Errorf("%s: bumped=%v, want %v", tc.name, bumped, tc.bump)

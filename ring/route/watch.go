@@ -160,23 +160,30 @@ func (r *Resolver) linkEvent(m *syscall.NetlinkMessage) {
 }
 
 // routeEvent invalidates when the changed route could be chosen for a cached
-// destination (its prefix contains it) or a resolution is in progress. Route
-// lookups only ever consider routes whose prefix contains the destination,
-// so other changes (e.g. per-pod routes of a container host) leave the
-// cache alone.
+// or pending destination: its prefix contains it. Route lookups only ever
+// consider routes whose prefix contains the destination, so other changes
+// (e.g. the per-pod routes of a container host) leave the cache alone.
 func (r *Resolver) routeEvent(m *syscall.NetlinkMessage) {
 	prefix, ok := routePrefix(m.Data)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !ok || r.inflight > 0 {
-		r.invalidateLocked("route changed")
+	if !ok {
+		r.invalidateLocked("unparsable route notification")
 		return
 	}
+	touched := false
 	for dst := range r.cache {
-		if prefix.Contains(dst) {
-			r.invalidateLocked("route changed", zap.Stringer("prefix", prefix))
-			return
+		if touched = prefix.Contains(dst); touched {
+			break
 		}
+	}
+	for dst := range r.pending {
+		if touched = touched || prefix.Contains(dst); touched {
+			break
+		}
+	}
+	if touched {
+		r.invalidateLocked("route changed", zap.Stringer("prefix", prefix))
 	}
 }
 
