@@ -1,0 +1,609 @@
+package ctlproto
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+	"net/netip"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/bypassd/bypassd/internal/shmq"
+	"golang.org/x/sys/unix"
+)
+
+// Protocol constants.
+const (
+	// Version is the protocol version this package speaks.
+	Version = 1
+	// MaxMessage is the largest packet (header included) either side sends or accepts.
+	MaxMessage = 512
+	// HeaderLen is the size of the header that starts every packet.
+	HeaderLen = 16
+	// DefaultPath is where the daemon listens unless configured otherwise.
+	DefaultPath = "/run/bypassd/bypassd.sock"
+	// EnvSocket names the environment variable that overrides DefaultPath for clients.
+	EnvSocket = "BYPASSD_SOCKET"
+
+	// OptionValueMax is the largest socket option value SETSOCKOPT and the
+	// GETSOCKOPT reply carry.
+	OptionValueMax = 64
+	// NameMax is the size of HELLO's program name field.
+	NameMax = 32
+	// MinQueueBytes and MaxQueueBytes bound OPEN's queue_bytes (a power of two; 0 = daemon default).
+	MinQueueBytes = 4 << 10
+	MaxQueueBytes = 16 << 20
+	// FDsOpen is the number of file descriptors a successful OPEN reply carries,
+	// in this order: FDMemfd, FDRXWait, FDTXWait, FDDoorbell.
+	FDsOpen = 4
+	// maxErrno bounds Header.Status in replies (Linux's MAX_ERRNO).
+	maxErrno = 4095
+)
+
+// Indexes of the file descriptors of a successful OPEN reply.
+const (
+	FDMemfd    = 0 // sealed memfd holding the socket's TX and RX queues
+	FDRXWait   = 1 // eventfd the daemon writes when RX data is published
+	FDTXWait   = 2 // eventfd the daemon writes when TX room is released
+	FDDoorbell = 3 // eventfd the client writes to wake the ring engine
+)
+
+// Socket families and types OPEN accepts (Linux numbers).
+const (
+	FamilyInet  = unix.AF_INET  // 2
+	FamilyInet6 = unix.AF_INET6 // 10
+	TypeDgram   = unix.SOCK_DGRAM
+)
+
+// BindReuseAddr is BIND's flag bit 0 (SO_REUSEADDR semantics).
+const BindReuseAddr = 1
+
+// ShutdownDaemonStopping is SHUTDOWN's reason when the daemon exits. Clients
+// treat any other reason the same way.
+const ShutdownDaemonStopping = 1
+
+// Code identifies a message. A reply carries the request's code | ReplyBit.
+type Code uint16
+
+// Message codes.
+const (
+	CodeHello      Code = 1
+	CodeOpen       Code = 2
+	CodeBind       Code = 3
+	CodeConnect    Code = 4
+	CodeSetSockOpt Code = 5
+	CodeGetSockOpt Code = 6
+	CodeJoin       Code = 7
+	CodeLeave      Code = 8
+	CodeClose      Code = 9
+	CodeShutdown   Code = 16
+	ReplyBit       Code = 0x8000
+)
+
+var codeNames = map[Code]string{
+	CodeHello:      "HELLO",
+	CodeOpen:       "OPEN",
+	CodeBind:       "BIND",
+	CodeConnect:    "CONNECT",
+	CodeSetSockOpt: "SETSOCKOPT",
+	CodeGetSockOpt: "GETSOCKOPT",
+	CodeJoin:       "JOIN",
+	CodeLeave:      "LEAVE",
+	CodeClose:      "CLOSE",
+	CodeShutdown:   "SHUTDOWN",
+}
+
+// String returns the code's name ("BIND", "BIND-REPLY", "Code(0x63)").
+func (c Code) String() string {
+	base := c &^ ReplyBit
+	name, ok := codeNames[base]
+	if !ok {
+		name = fmt.Sprintf("Code(%#x)", uint16(base))
+	}
+	if c&ReplyBit != 0 {
+		return name + "-REPLY"
+	}
+	return name
+}
+
+// IsReply reports whether c has ReplyBit set.
+func (c Code) IsReply() bool { return c&ReplyBit != 0 }
+
+// Request returns c without ReplyBit.
+func (c Code) Request() Code { return c &^ ReplyBit }
+
+// Known reports whether c (without ReplyBit) is a code of this version.
+func (c Code) Known() bool {
+	_, ok := codeNames[c.Request()]
+	return ok
+}
+
+// Header starts every packet.
+type Header struct {
+	Code    Code
+	Version uint16 // 0 is written as Version by Marshal
+	ReqID   uint32
+	Status  unix.Errno // replies only: 0 or a positive errno
+	Socket  uint32     // 0 = none
+}
+
+// ReplyHeader returns the header of a successful reply to h (socket id
+// echoed; OPEN replies set Socket to the new id).
+func ReplyHeader(h Header) Header {
+	return Header{Code: h.Code | ReplyBit, Version: Version, ReqID: h.ReqID, Socket: h.Socket}
+}
+
+// ErrorReply returns the header of a failed reply to h with the given errno
+// (send it with an Empty body). A zero errno becomes EIO so that a failure is
+// never reported as success.
+func ErrorReply(h Header, errno unix.Errno) Header {
+	if errno == 0 || errno > maxErrno {
+		errno = unix.EIO
+	}
+	r := ReplyHeader(h)
+	r.Status = errno
+	return r
+}
+
+// Message is one of the body types of this package. Unmarshal returns
+// pointers (*Hello, *HelloReply, ...); Marshal accepts pointers or values.
+type Message interface{ isMessage() }
+
+// Hello is the HELLO request body. Build it with NewHello.
+type Hello struct {
+	MinVersion, MaxVersion uint16
+	Name                   string // program name, informational; at most NameMax bytes, no NUL
+}
+
+// HelloReply is the HELLO reply body.
+type HelloReply struct {
+	Version           uint16 // the version the session speaks from now on
+	DaemonPID         uint32
+	MaxSockets        uint32
+	DefaultQueueBytes uint32
+	RXPollMicros      int32 // -1 = spin forever, 0 = never spin
+}
+
+// Open is the OPEN request body.
+type Open struct {
+	Family     uint16 // FamilyInet or FamilyInet6
+	Type       uint16 // TypeDgram
+	QueueBytes uint32 // 0 = daemon default; else a power of two in [MinQueueBytes, MaxQueueBytes]
+}
+
+// OpenReply is the OPEN reply body; the packet also carries FDsOpen file
+// descriptors (FDMemfd, FDRXWait, FDTXWait, FDDoorbell) and Header.Socket is
+// the new socket's id. Each queue occupies shmq.Size(QueueBytes) bytes.
+type OpenReply struct {
+	QueueBytes uint32
+	MemfdSize  uint64
+	TXOffset   uint64
+	RXOffset   uint64
+}
+
+// Bind is the BIND request body.
+type Bind struct {
+	Addr      netip.AddrPort // a valid address (wildcard: IPv4Unspecified or IPv6Unspecified); port 0 = any
+	ReuseAddr bool
+}
+
+// BindReply is the BIND reply body: the address actually bound.
+type BindReply struct {
+	Addr netip.AddrPort
+}
+
+// Connect is the CONNECT request body. The zero AddrPort disconnects.
+type Connect struct {
+	Addr netip.AddrPort
+}
+
+// SetSockOpt is the SETSOCKOPT request body (Linux level and name numbers).
+type SetSockOpt struct {
+	Level, Name int32
+	Value       []byte // at most OptionValueMax bytes
+}
+
+// GetSockOpt is the GETSOCKOPT request body.
+type GetSockOpt struct {
+	Level, Name int32
+}
+
+// SockOptValue is the GETSOCKOPT reply body.
+type SockOptValue struct {
+	Value []byte // at most OptionValueMax bytes
+}
+
+// Group is the JOIN and LEAVE request body.
+type Group struct {
+	Group   netip.Addr
+	Source  netip.Addr // the zero Addr = any-source
+	Ifindex uint32     // 0 = the socket's ring
+}
+
+// Shutdown is the body of the unsolicited SHUTDOWN message (daemon → client).
+type Shutdown struct {
+	Reason uint32
+}
+
+// Empty is the body of CLOSE requests, of replies without a body and of
+// every failed reply.
+type Empty struct{}
+
+func (Hello) isMessage()        {}
+func (HelloReply) isMessage()   {}
+func (Open) isMessage()         {}
+func (OpenReply) isMessage()    {}
+func (Bind) isMessage()         {}
+func (BindReply) isMessage()    {}
+func (Connect) isMessage()      {}
+func (SetSockOpt) isMessage()   {}
+func (GetSockOpt) isMessage()   {}
+func (SockOptValue) isMessage() {}
+func (Group) isMessage()        {}
+func (Shutdown) isMessage()     {}
+func (Empty) isMessage()        {}
+
+// Body sizes in bytes.
+const (
+	lenHello        = 40
+	lenHelloReply   = 20
+	lenOpen         = 8
+	lenOpenReply    = 32
+	lenAddrPort     = 20 // addr[16] port u16 u16
+	lenSetSockOpt   = 76
+	lenGetSockOpt   = 8
+	lenSockOptValue = 68
+	lenGroup        = 36
+	lenShutdown     = 4
+)
+
+// NewHello returns a HELLO body offering exactly this package's Version,
+// with name made acceptable: NUL bytes dropped and cut to NameMax bytes at a
+// UTF-8 boundary.
+func NewHello(name string) Hello {
+	name = strings.ReplaceAll(name, "\x00", "")
+	if len(name) > NameMax {
+		cut := NameMax
+		for cut > 0 && !utf8.RuneStart(name[cut]) {
+			cut-- // do not split a multi-byte rune
+		}
+		name = name[:cut]
+	}
+	return Hello{MinVersion: Version, MaxVersion: Version, Name: name}
+}
+
+// ExpectFDs returns how many file descriptors a packet with header h must
+// carry: FDsOpen for a successful OPEN reply, 0 for everything else.
+func ExpectFDs(h Header) int {
+	if h.Code == CodeOpen|ReplyBit && h.Status == 0 {
+		return FDsOpen
+	}
+	return 0
+}
+
+// Marshal appends the encoding of h and body to dst. The body's type must
+// match h.Code: the request form for a request code, the reply form for
+// code|ReplyBit, and Empty (or nil) for a failed reply (Status != 0), which
+// may carry any code. It refuses values that Unmarshal would refuse.
+func Marshal(dst []byte, h Header, body Message) ([]byte, error) {
+	if h.Version == 0 {
+		h.Version = Version
+	}
+	if body == nil {
+		body = Empty{}
+	}
+	if err := checkHeader(h); err != nil {
+		return dst, fmt.Errorf("ctlproto: marshal %v: %w", h.Code, err)
+	}
+	start := len(dst)
+	dst = binary.LittleEndian.AppendUint16(dst, uint16(h.Code))
+	dst = binary.LittleEndian.AppendUint16(dst, h.Version)
+	dst = binary.LittleEndian.AppendUint32(dst, h.ReqID)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(int32(h.Status)))
+	dst = binary.LittleEndian.AppendUint32(dst, h.Socket)
+	out, err := appendBody(dst, h, body)
+	if err != nil {
+		return dst[:start], fmt.Errorf("ctlproto: marshal %v: %w", h.Code, err)
+	}
+	return out, nil
+}
+
+// checkHeader applies the header rules shared by Marshal and Unmarshal,
+// except the version (Unmarshal reports it separately).
+func checkHeader(h Header) error {
+	if h.Code.IsReply() {
+		if h.Status > maxErrno {
+			return fmt.Errorf("status %d is not an errno (0..%d)", uint32(h.Status), maxErrno)
+		}
+		if h.Status != 0 {
+			return nil // failed replies have a fixed form whatever the code
+		}
+	} else if h.Status != 0 {
+		return fmt.Errorf("status %d in a request (must be 0)", uint32(h.Status))
+	}
+	if !h.Code.Known() || h.Code == CodeShutdown|ReplyBit {
+		return ErrUnknownCode
+	}
+	switch h.Code {
+	case CodeHello, CodeHello | ReplyBit, CodeOpen, CodeShutdown:
+		if h.Socket != 0 {
+			return fmt.Errorf("socket id %d must be 0 for %v", h.Socket, h.Code)
+		}
+	case CodeOpen | ReplyBit:
+		if h.Socket == 0 {
+			return fmt.Errorf("successful OPEN reply without a socket id")
+		}
+	}
+	return nil
+}
+
+func wrongBody(h Header, body Message) error {
+	return fmt.Errorf("body %T does not belong to %v%s", body, h.Code, map[bool]string{true: " with a non-zero status", false: ""}[h.Status != 0])
+}
+
+func appendBody(b []byte, h Header, body Message) ([]byte, error) {
+	le := binary.LittleEndian
+	if h.Code.IsReply() && h.Status != 0 {
+		if !isEmpty(body) {
+			return b, wrongBody(h, body)
+		}
+		return b, nil
+	}
+	switch h.Code {
+	case CodeHello:
+		m, ok := as[Hello](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		if err := checkHello(m); err != nil {
+			return b, err
+		}
+		b = le.AppendUint16(b, m.MinVersion)
+		b = le.AppendUint16(b, m.MaxVersion)
+		b = le.AppendUint32(b, 0)
+		var name [NameMax]byte
+		copy(name[:], m.Name)
+		return append(b, name[:]...), nil
+	case CodeHello | ReplyBit:
+		m, ok := as[HelloReply](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		if err := checkHelloReply(m); err != nil {
+			return b, err
+		}
+		b = le.AppendUint16(b, m.Version)
+		b = le.AppendUint16(b, 0)
+		b = le.AppendUint32(b, m.DaemonPID)
+		b = le.AppendUint32(b, m.MaxSockets)
+		b = le.AppendUint32(b, m.DefaultQueueBytes)
+		return le.AppendUint32(b, uint32(m.RXPollMicros)), nil
+	case CodeOpen:
+		m, ok := as[Open](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		if err := checkOpen(m); err != nil {
+			return b, err
+		}
+		b = le.AppendUint16(b, m.Family)
+		b = le.AppendUint16(b, m.Type)
+		return le.AppendUint32(b, m.QueueBytes), nil
+	case CodeOpen | ReplyBit:
+		m, ok := as[OpenReply](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		if err := checkOpenReply(m); err != nil {
+			return b, err
+		}
+		b = le.AppendUint32(b, m.QueueBytes)
+		b = le.AppendUint32(b, 0)
+		b = le.AppendUint64(b, m.MemfdSize)
+		b = le.AppendUint64(b, m.TXOffset)
+		return le.AppendUint64(b, m.RXOffset), nil
+	case CodeBind:
+		m, ok := as[Bind](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		var flags uint16
+		if m.ReuseAddr {
+			flags = BindReuseAddr
+		}
+		return appendAddrPort(b, m.Addr, flags, false)
+	case CodeBind | ReplyBit:
+		m, ok := as[BindReply](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		return appendAddrPort(b, m.Addr, 0, false)
+	case CodeConnect:
+		m, ok := as[Connect](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		return appendAddrPort(b, m.Addr, 0, true)
+	case CodeSetSockOpt:
+		m, ok := as[SetSockOpt](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		if len(m.Value) > OptionValueMax {
+			return b, fmt.Errorf("option value of %d bytes exceeds %d", len(m.Value), OptionValueMax)
+		}
+		b = le.AppendUint32(b, uint32(m.Level))
+		b = le.AppendUint32(b, uint32(m.Name))
+		b = le.AppendUint32(b, uint32(len(m.Value)))
+		var v [OptionValueMax]byte
+		copy(v[:], m.Value)
+		return append(b, v[:]...), nil
+	case CodeGetSockOpt:
+		m, ok := as[GetSockOpt](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		b = le.AppendUint32(b, uint32(m.Level))
+		return le.AppendUint32(b, uint32(m.Name)), nil
+	case CodeGetSockOpt | ReplyBit:
+		m, ok := as[SockOptValue](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		if len(m.Value) > OptionValueMax {
+			return b, fmt.Errorf("option value of %d bytes exceeds %d", len(m.Value), OptionValueMax)
+		}
+		b = le.AppendUint32(b, uint32(len(m.Value)))
+		var v [OptionValueMax]byte
+		copy(v[:], m.Value)
+		return append(b, v[:]...), nil
+	case CodeJoin, CodeLeave:
+		m, ok := as[Group](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		if !m.Group.IsValid() {
+			return b, fmt.Errorf("group address missing")
+		}
+		var err error
+		if b, err = appendAddr(b, m.Group, false); err != nil {
+			return b, err
+		}
+		if b, err = appendAddr(b, m.Source, true); err != nil {
+			return b, err
+		}
+		return le.AppendUint32(b, m.Ifindex), nil
+	case CodeShutdown:
+		m, ok := as[Shutdown](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		return le.AppendUint32(b, m.Reason), nil
+	case CodeClose, CodeConnect | ReplyBit, CodeSetSockOpt | ReplyBit, CodeJoin | ReplyBit,
+		CodeLeave | ReplyBit, CodeClose | ReplyBit:
+		if !isEmpty(body) {
+			return b, wrongBody(h, body)
+		}
+		return b, nil
+	}
+	return b, ErrUnknownCode
+}
+
+// appendAddr writes a 16-byte address: IPv6 as is, IPv4 v4-mapped. The zero
+// Addr is written as 16 zero bytes when zeroOK.
+func appendAddr(b []byte, a netip.Addr, zeroOK bool) ([]byte, error) {
+	if !a.IsValid() {
+		if !zeroOK {
+			return b, fmt.Errorf("address missing (use netip.IPv4Unspecified() or netip.IPv6Unspecified() for the wildcard)")
+		}
+		var z [16]byte
+		return append(b, z[:]...), nil
+	}
+	if a.Zone() != "" {
+		return b, fmt.Errorf("address %v has a zone; zones are not supported (pass the interface index instead)", a)
+	}
+	if a.Is4() {
+		a = netip.AddrFrom16(a.As16())
+	}
+	a16 := a.As16()
+	return append(b, a16[:]...), nil
+}
+
+func appendAddrPort(b []byte, ap netip.AddrPort, flags uint16, zeroOK bool) ([]byte, error) {
+	if !ap.Addr().IsValid() && ap.Port() != 0 {
+		return b, fmt.Errorf("port %d without an address", ap.Port())
+	}
+	b, err := appendAddr(b, ap.Addr(), zeroOK)
+	if err != nil {
+		return b, err
+	}
+	b = binary.LittleEndian.AppendUint16(b, ap.Port())
+	return binary.LittleEndian.AppendUint16(b, flags), nil
+}
+
+func checkHello(m Hello) error {
+	if m.MinVersion == 0 || m.MinVersion > m.MaxVersion {
+		return fmt.Errorf("version range %d..%d is empty or starts at 0", m.MinVersion, m.MaxVersion)
+	}
+	if len(m.Name) > NameMax {
+		return fmt.Errorf("program name of %d bytes exceeds %d (use NewHello)", len(m.Name), NameMax)
+	}
+	if strings.IndexByte(m.Name, 0) >= 0 {
+		return fmt.Errorf("program name contains a NUL byte (use NewHello)")
+	}
+	return nil
+}
+
+func checkHelloReply(m HelloReply) error {
+	if m.Version == 0 {
+		return fmt.Errorf("version 0")
+	}
+	if m.RXPollMicros < -1 {
+		return fmt.Errorf("rx poll %d µs (must be >= -1)", m.RXPollMicros)
+	}
+	return nil
+}
+
+func validQueueBytes(q uint32) bool {
+	return q >= MinQueueBytes && q <= MaxQueueBytes && bits.OnesCount32(q) == 1
+}
+
+func checkOpen(m Open) error {
+	if m.Family != FamilyInet && m.Family != FamilyInet6 {
+		return fmt.Errorf("family %d (want %d AF_INET or %d AF_INET6)", m.Family, FamilyInet, FamilyInet6)
+	}
+	if m.Type != TypeDgram {
+		return fmt.Errorf("socket type %d (want %d SOCK_DGRAM)", m.Type, TypeDgram)
+	}
+	if m.QueueBytes != 0 && !validQueueBytes(m.QueueBytes) {
+		return fmt.Errorf("queue size %d (want 0 or a power of two in %d..%d)", m.QueueBytes, MinQueueBytes, MaxQueueBytes)
+	}
+	return nil
+}
+
+// checkOpenReply makes sure a client can map both queues from the reply
+// without further arithmetic checks: aligned, inside the memfd, disjoint.
+func checkOpenReply(m OpenReply) error {
+	if !validQueueBytes(m.QueueBytes) {
+		return fmt.Errorf("queue size %d (want a power of two in %d..%d)", m.QueueBytes, MinQueueBytes, MaxQueueBytes)
+	}
+	qs := uint64(shmq.Size(int(m.QueueBytes)))
+	for _, off := range []uint64{m.TXOffset, m.RXOffset} {
+		if off%8 != 0 {
+			return fmt.Errorf("queue offset %d is not 8-byte aligned", off)
+		}
+		if off > m.MemfdSize || m.MemfdSize-off < qs {
+			return fmt.Errorf("queue at offset %d (%d bytes) outside a memfd of %d bytes", off, qs, m.MemfdSize)
+		}
+	}
+	lo, hi := m.TXOffset, m.RXOffset
+	if lo > hi {
+		lo, hi = hi, lo
+	}
+	if hi-lo < qs {
+		return fmt.Errorf("TX queue at %d and RX queue at %d overlap (%d bytes each)", m.TXOffset, m.RXOffset, qs)
+	}
+	return nil
+}
+
+func isEmpty(m Message) bool {
+	switch m.(type) {
+	case nil, Empty, *Empty:
+		return true
+	}
+	return false
+}
+
+// as accepts a body as a value or a non-nil pointer.
+func as[T Message](m Message) (T, bool) {
+	switch v := any(m).(type) {
+	case T:
+		return v, true
+	case *T:
+		if v != nil {
+			return *v, true
+		}
+	}
+	var zero T
+	return zero, false
+}
