@@ -199,7 +199,7 @@ func (l *Listener) Accept() (*Conn, error) {
 
 // Close stops accepting (unblocking Accept) and removes the socket file if
 // it is still the one this listener created. Established connections are
-// not affected. Calls after the first return nil.
+// not affected. Later calls return the first call's result.
 func (l *Listener) Close() error {
 	l.closeOnce.Do(func() {
 		if err := l.f.Close(); err != nil {
@@ -214,4 +214,3 @@ func (l *Listener) Close() error {
 	})
 	return l.closeErr
 }
-
