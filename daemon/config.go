@@ -1,0 +1,275 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/user"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/bypassd/bypassd/bpf"
+	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/shmq"
+)
+
+// Defaults of Config fields left at their zero value.
+const (
+	DefaultSocketMode     os.FileMode = 0o660
+	DefaultRunDir                     = "/run/bypassd"
+	DefaultStatsDir                   = "/run/bypassd/stats"
+	DefaultQueueBytes                 = 1 << 20
+	DefaultMaxSockets                 = 1024
+	DefaultMaxQueueMemory int64       = 256 << 20
+	DefaultFrames                     = 4096
+)
+
+// Limits of the queue size a client may ask for in OPEN (and of
+// Config.QueueBytes).
+const (
+	MinQueueBytes = shmq.MinCapacity
+	MaxQueueBytes = 16 << 20
+)
+
+// maxQueueID is the highest queue id a ring can use (the XDP program's
+// XSKMAP has bpf.MaxSockets slots, indexed by queue id).
+const maxQueueID = bpf.MaxSockets - 1
+
+// Interface names one ring: an interface and one of its queues.
+type Interface struct {
+	Name  string
+	Queue int
+}
+
+func (i Interface) String() string { return i.Name + ":" + strconv.Itoa(i.Queue) }
+
+// ParseInterface parses "IFACE" (queue 0) or "IFACE:QUEUE".
+func ParseInterface(s string) (Interface, error) {
+	name, q, hasQueue := strings.Cut(strings.TrimSpace(s), ":")
+	it := Interface{Name: name}
+	if hasQueue {
+		n, err := strconv.Atoi(q)
+		if err != nil {
+			return Interface{}, fmt.Errorf("interface %q: queue %q is not a number (use IFACE or IFACE:QUEUE, e.g. eth1:0)", s, q)
+		}
+		it.Queue = n
+	}
+	if err := it.validate(); err != nil {
+		return Interface{}, err
+	}
+	return it, nil
+}
+
+func (i Interface) validate() error {
+	switch {
+	case i.Name == "":
+		return errors.New("interface: empty name (use IFACE or IFACE:QUEUE, e.g. eth1:0)")
+	case len(i.Name) > 15 || strings.ContainsAny(i.Name, "/: \t"):
+		return fmt.Errorf("interface %q: not a valid interface name (at most 15 characters, no '/', ':' or spaces)", i.Name)
+	case i.Queue < 0 || i.Queue > maxQueueID:
+		return fmt.Errorf("interface %s: queue %d out of range 0..%d", i.Name, i.Queue, maxQueueID)
+	}
+	return nil
+}
+
+// Config is everything the daemon is configured with. A zero field means
+// its default.
+type Config struct {
+	// Interfaces lists the rings to open, one per interface queue. At
+	// least one is required; an interface may appear with several queues.
+	Interfaces []Interface
+
+	// SocketPath is the control socket (default ctlproto.DefaultPath).
+	SocketPath string
+	// SocketMode is the socket file's permission bits (default 0660):
+	// together with SocketGroup it decides who may connect.
+	SocketMode os.FileMode
+	// SocketGroup is a group name or numeric gid the socket file is given
+	// (empty: the daemon's own group).
+	SocketGroup string
+
+	// RunDir holds the per-interface lock files (default /run/bypassd).
+	RunDir string
+	// StatsDir is created at start; files in it named after a process id
+	// that no longer exists are removed (default /run/bypassd/stats).
+	StatsDir string
+
+	// RXPoll is how long clients spin on an empty queue before sleeping
+	// on its eventfd (BYPASSD_RX_POLL; told to clients in the HELLO reply,
+	// in whole microseconds): 0 never spins, negative spins forever.
+	RXPoll time.Duration
+	// EnginePoll is how long an idle ring engine spins before sleeping
+	// (ring.Config.Poll): 0 sleeps at once, negative spins forever.
+	EnginePoll time.Duration
+
+	// QueueBytes is the data capacity of each of a socket's two queues
+	// when the client does not ask for a size (default 1 MiB); a power of
+	// two in MinQueueBytes..MaxQueueBytes.
+	QueueBytes int
+	// MaxSockets is the most sockets one client connection may have open
+	// (default 1024); more fail with EMFILE.
+	MaxSockets int
+	// MaxQueueMemory bounds the shared memory of one client connection's
+	// sockets, in bytes (default 256 MiB); more fail with ENOMEM.
+	MaxQueueMemory int64
+
+	// Frames is the UMEM frame count of each ring (default 4096).
+	Frames int
+	// XDPMode selects native or generic XDP (default: native, generic
+	// when the driver refuses).
+	XDPMode bpf.AttachMode
+	// CPUs pins the ring engine threads (empty: no pinning).
+	CPUs []int
+
+	// LogLevel, if set, is the level of the logger given to New, so that
+	// Daemon.SetLogLevel can change it at run time.
+	LogLevel *zap.AtomicLevel
+}
+
+// withDefaults returns c with zero fields set to their defaults.
+func (c Config) withDefaults() Config {
+	if c.SocketPath == "" {
+		c.SocketPath = ctlproto.DefaultPath
+	}
+	if c.SocketMode == 0 {
+		c.SocketMode = DefaultSocketMode
+	}
+	if c.RunDir == "" {
+		c.RunDir = DefaultRunDir
+	}
+	if c.StatsDir == "" {
+		c.StatsDir = DefaultStatsDir
+	}
+	if c.QueueBytes == 0 {
+		c.QueueBytes = DefaultQueueBytes
+	}
+	if c.MaxSockets == 0 {
+		c.MaxSockets = DefaultMaxSockets
+	}
+	if c.MaxQueueMemory == 0 {
+		c.MaxQueueMemory = DefaultMaxQueueMemory
+	}
+	if c.Frames == 0 {
+		c.Frames = DefaultFrames
+	}
+	return c
+}
+
+// Validate checks c (after applying defaults) and resolves SocketGroup.
+// Its errors say which setting is wrong and what is accepted.
+func (c Config) Validate() error {
+	_, err := c.resolve()
+	return err
+}
+
+// resolved is a validated Config with the socket group looked up.
+type resolved struct {
+	Config
+	socketGID int // -1: keep
+}
+
+func (c Config) resolve() (resolved, error) {
+	c = c.withDefaults()
+	r := resolved{Config: c, socketGID: -1}
+	if len(c.Interfaces) == 0 {
+		return r, errors.New("no interface configured: give at least one with --interface IFACE[:QUEUE] (or BYPASSD_INTERFACES)")
+	}
+	seen := map[Interface]bool{}
+	for _, it := range c.Interfaces {
+		if err := it.validate(); err != nil {
+			return r, err
+		}
+		if seen[it] {
+			return r, fmt.Errorf("interface %s given twice", it)
+		}
+		seen[it] = true
+	}
+	if !strings.HasPrefix(c.SocketPath, "/") {
+		return r, fmt.Errorf("socket path %q: give an absolute path such as %s", c.SocketPath, ctlproto.DefaultPath)
+	}
+	if c.SocketMode&^os.ModePerm != 0 {
+		return r, fmt.Errorf("socket mode %#o: only permission bits (0..0777) are allowed", uint32(c.SocketMode))
+	}
+	if c.SocketGroup != "" {
+		gid, err := LookupGroup(c.SocketGroup)
+		if err != nil {
+			return r, err
+		}
+		r.socketGID = gid
+	}
+	if err := checkPoll("rx poll", c.RXPoll); err != nil {
+		return r, err
+	}
+	if err := checkPoll("engine poll", c.EnginePoll); err != nil {
+		return r, err
+	}
+	if err := checkQueueBytes(c.QueueBytes); err != nil {
+		return r, err
+	}
+	if c.MaxSockets < 1 {
+		return r, fmt.Errorf("max sockets %d: must be at least 1", c.MaxSockets)
+	}
+	if min := int64(socketMemory(c.QueueBytes)); c.MaxQueueMemory < min {
+		return r, fmt.Errorf("max queue memory %d bytes: too small for even one socket with %d-byte queues (needs %d)", c.MaxQueueMemory, c.QueueBytes, min)
+	}
+	if c.Frames < 64 || c.Frames&(c.Frames-1) != 0 {
+		return r, fmt.Errorf("frames %d: must be a power of two, at least 64", c.Frames)
+	}
+	switch c.XDPMode {
+	case bpf.ModeAuto, bpf.ModeNative, bpf.ModeGeneric:
+	default:
+		return r, fmt.Errorf("XDP mode %v: must be auto, native or generic", c.XDPMode)
+	}
+	for _, cpu := range c.CPUs {
+		if cpu < 0 || cpu >= 1<<16 {
+			return r, fmt.Errorf("CPU %d: not a CPU number", cpu)
+		}
+	}
+	return r, nil
+}
+
+func checkPoll(what string, d time.Duration) error {
+	if d >= 0 && d/time.Microsecond > math.MaxInt32 {
+		return fmt.Errorf("%s %v: too long (at most %d µs; use -1 to spin forever)", what, d, math.MaxInt32)
+	}
+	return nil
+}
+
+func checkQueueBytes(n int) error {
+	if n < MinQueueBytes || n > MaxQueueBytes || n&(n-1) != 0 {
+		return fmt.Errorf("queue bytes %d: must be a power of two from %d (4 KiB) to %d (16 MiB)", n, MinQueueBytes, MaxQueueBytes)
+	}
+	return nil
+}
+
+// pollMicros converts a poll duration to the protocol's microseconds:
+// -1 spins forever.
+func pollMicros(d time.Duration) int32 {
+	if d < 0 {
+		return -1
+	}
+	return int32(d / time.Microsecond)
+}
+
+// LookupGroup resolves a group name or a numeric gid.
+func LookupGroup(s string) (int, error) {
+	if n, err := strconv.Atoi(s); err == nil {
+		if n < 0 || n > math.MaxUint32-1 {
+			return 0, fmt.Errorf("socket group %s: not a valid gid", s)
+		}
+		return n, nil
+	}
+	g, err := user.LookupGroup(s)
+	if err != nil {
+		return 0, fmt.Errorf("socket group %q: %w (create it with `groupadd %s`, or give a numeric gid)", s, err, s)
+	}
+	gid, err := strconv.Atoi(g.Gid)
+	if err != nil {
+		return 0, fmt.Errorf("socket group %q: gid %q is not numeric", s, g.Gid)
+	}
+	return gid, nil
+}

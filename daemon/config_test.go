@@ -1,0 +1,402 @@
+package daemon
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/bpf"
+	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/ring"
+)
+
+func TestParseInterface(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Interface
+		err  string
+	}{
+		{in: "eth1", want: Interface{Name: "eth1"}},
+		{in: "eth1:3", want: Interface{Name: "eth1", Queue: 3}},
+		{in: " veth0:0 ", want: Interface{Name: "veth0"}},
+		{in: "", err: "empty name"},
+		{in: ":1", err: "empty name"},
+		{in: "eth1:x", err: "not a number"},
+		{in: "eth1:-1", err: "out of range"},
+		{in: "eth1:64", err: "out of range"},
+		{in: "a-very-long-interface", err: "not a valid interface name"},
+		{in: "eth1:2:3", err: "not a number"},
+	} {
+		got, err := ParseInterface(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseInterface(%q) = %v, %v; want error containing %q", tc.in, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("ParseInterface(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+	if s := (Interface{Name: "eth1", Queue: 2}).String(); s != "eth1:2" {
+		t.Errorf("String = %q", s)
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c := Config{Interfaces: []Interface{{Name: "eth1"}}}.withDefaults()
+	if c.SocketPath != "/run/bypassd/bypassd.sock" || c.SocketMode != 0o660 || c.RunDir != "/run/bypassd" ||
+		c.StatsDir != "/run/bypassd/stats" || c.QueueBytes != 1<<20 || c.MaxSockets != 1024 ||
+		c.MaxQueueMemory != 256<<20 || c.Frames != 4096 {
+		t.Errorf("defaults: %+v", c)
+	}
+	r, err := Config{Interfaces: []Interface{{Name: "eth1"}}}.resolve()
+	if err != nil || r.socketGID != -1 {
+		t.Errorf("resolve: gid %d, %v", r.socketGID, err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := Config{Interfaces: []Interface{{Name: "eth1"}}}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+		err  string
+	}{
+		{"no interface", func(c *Config) { c.Interfaces = nil }, "at least one"},
+		{"duplicate", func(c *Config) { c.Interfaces = append(c.Interfaces, Interface{Name: "eth1"}) }, "given twice"},
+		{"bad queue", func(c *Config) { c.Interfaces[0].Queue = 99 }, "out of range"},
+		{"relative socket", func(c *Config) { c.SocketPath = "ctl.sock" }, "absolute path"},
+		{"mode bits", func(c *Config) { c.SocketMode = os.ModeSetuid | 0o660 }, "permission bits"},
+		{"group", func(c *Config) { c.SocketGroup = "no-such-group-bypassd" }, "groupadd"},
+		{"rx poll", func(c *Config) { c.RXPoll = 1 << 62 }, "too long"},
+		{"queue small", func(c *Config) { c.QueueBytes = 1024 }, "power of two"},
+		{"queue odd", func(c *Config) { c.QueueBytes = 5000 }, "power of two"},
+		{"queue big", func(c *Config) { c.QueueBytes = 32 << 20 }, "16 MiB"},
+		{"max sockets", func(c *Config) { c.MaxSockets = -1 }, "at least 1"},
+		{"memory", func(c *Config) { c.MaxQueueMemory = 4096 }, "too small"},
+		{"frames", func(c *Config) { c.Frames = 100 }, "power of two"},
+		{"xdp mode", func(c *Config) { c.XDPMode = bpf.AttachMode(7) }, "auto, native or generic"},
+		{"cpu", func(c *Config) { c.CPUs = []int{-1} }, "not a CPU"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ok
+			c.Interfaces = append([]Interface(nil), ok.Interfaces...)
+			tc.mod(&c)
+			err := c.Validate()
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("Validate = %v; want error containing %q", err, tc.err)
+			}
+		})
+	}
+	// Numeric groups need no lookup.
+	c := ok
+	c.SocketGroup = "4242"
+	if r, err := c.resolve(); err != nil || r.socketGID != 4242 {
+		t.Errorf("numeric group: %d, %v", r.socketGID, err)
+	}
+	c.SocketGroup = "root"
+	if r, err := c.resolve(); err != nil || r.socketGID != 0 {
+		t.Errorf("group root: %d, %v", r.socketGID, err)
+	}
+	// Same interface, two queues: fine.
+	c = ok
+	c.Interfaces = []Interface{{Name: "eth1"}, {Name: "eth1", Queue: 1}}
+	if err := c.Validate(); err != nil {
+		t.Errorf("two queues: %v", err)
+	}
+}
+
+func TestPollMicros(t *testing.T) {
+	for d, want := range map[time.Duration]int32{0: 0, -1: -1, -time.Second: -1, 50 * time.Microsecond: 50, 1500 * time.Nanosecond: 1} {
+		if got := pollMicros(d); got != want {
+			t.Errorf("pollMicros(%v) = %d, want %d", d, got, want)
+		}
+	}
+}
+
+func TestSocketMemory(t *testing.T) {
+	page := os.Getpagesize()
+	for _, q := range []int{4096, 1 << 20, 16 << 20} {
+		n := socketMemory(q)
+		if n%page != 0 || n < 2*shmq.Size(q) || n-2*shmq.Size(q) >= page {
+			t.Errorf("socketMemory(%d) = %d", q, n)
+		}
+		if off := rxOffset(q); off%64 != 0 || off < shmq.Size(q) || off+shmq.Size(q) > n {
+			t.Errorf("rxOffset(%d) = %d", q, off)
+		}
+	}
+}
+
+func TestInterfaceLock(t *testing.T) {
+	dir := t.TempDir()
+	l, err := lockInterface(dir, "veth9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "veth9.lock"))
+	if err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(os.Getpid()) {
+		t.Fatalf("lock file holds %q, %v; want our pid", b, err)
+	}
+	// flock is per open file, so a second attempt in this process is
+	// refused like another daemon would be, naming the holder.
+	_, err = lockInterface(dir, "veth9")
+	if err == nil || !strings.Contains(err.Error(), "in use by another bypassd (pid "+strconv.Itoa(os.Getpid())+")") {
+		t.Fatalf("second lock: %v", err)
+	}
+	other, err := lockInterface(dir, "veth8")
+	if err != nil {
+		t.Fatalf("other interface: %v", err)
+	}
+	if err := other.release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.release(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "veth9.lock")); !os.IsNotExist(err) {
+		t.Fatalf("lock file left behind: %v", err)
+	}
+	// A stale file (a crashed daemon's, not locked) is simply re-taken.
+	if err := os.WriteFile(filepath.Join(dir, "veth9.lock"), []byte("999999999\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l, err = lockInterface(dir, "veth9")
+	if err != nil {
+		t.Fatalf("stale lock: %v", err)
+	}
+	b, _ = os.ReadFile(filepath.Join(dir, "veth9.lock"))
+	if strings.TrimSpace(string(b)) != strconv.Itoa(os.Getpid()) {
+		t.Errorf("stale lock file now holds %q", b)
+	}
+	_ = l.release()
+}
+
+func TestStatsDirCleanup(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "stats")
+	if err := prepareStatsDir(dir, zap.NewNop()); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]bool{ // name: must survive
+		"999999999":               false, // above pid_max: never alive
+		strconv.Itoa(os.Getpid()): true,
+		"1":                       true, // init: alive (EPERM or not)
+		"notes":                   true,
+	}
+	for name := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "999999998"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files["999999998"] = true // directories are not ours
+	if err := prepareStatsDir(dir, zap.NewNop()); err != nil {
+		t.Fatal(err)
+	}
+	for name, keep := range files {
+		_, err := os.Stat(filepath.Join(dir, name))
+		if keep != (err == nil) {
+			t.Errorf("%s: exists=%v, want %v", name, err == nil, keep)
+		}
+	}
+	// A file in the way of the directory is a clear error.
+	f := filepath.Join(t.TempDir(), "file")
+	_ = os.WriteFile(f, nil, 0o644)
+	if err := prepareStatsDir(f, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "--stats-dir") {
+		t.Errorf("stats dir over a file: %v", err)
+	}
+}
+
+func TestParseCapEff(t *testing.T) {
+	caps, err := parseCapEff(strings.NewReader("Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t0000000000000400\n"))
+	if err != nil || caps != 1<<capNetBindService {
+		t.Errorf("parseCapEff = %#x, %v", caps, err)
+	}
+	if _, err := parseCapEff(strings.NewReader("Name:\tx\n")); err == nil {
+		t.Error("no CapEff line: no error")
+	}
+	if _, err := parseCapEff(strings.NewReader("CapEff:\tzz\n")); err == nil {
+		t.Error("bad CapEff: no error")
+	}
+	if !peerCanBindPrivileged(0, 999999999) {
+		t.Error("uid 0 refused")
+	}
+	if peerCanBindPrivileged(65534, 999999999) {
+		t.Error("a vanished process got the privilege")
+	}
+	if os.Geteuid() == 0 {
+		caps, err := effectiveCaps(int32(os.Getpid()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := caps&(1<<capNetBindService) != 0; peerCanBindPrivileged(1000, int32(os.Getpid())) != want {
+			t.Errorf("CAP_NET_BIND_SERVICE of this process not seen (CapEff %#x)", caps)
+		}
+	}
+}
+
+// testSocket is an unbound socket for option tests.
+func testSocket(family uint16) *socket {
+	return &socket{family: family, queueBytes: 65536, hdr: ring.DefaultHeaderOptions}
+}
+
+func le32(v int32) []byte { return intBytes(v) }
+
+func TestSocketOptions(t *testing.T) {
+	k := testSocket(unix.AF_INET)
+	get := func(level, name int32) int32 {
+		t.Helper()
+		b, err := k.option(level, name)
+		if err != nil {
+			t.Fatalf("get %s: %v", optName(level, name), err)
+		}
+		v, _ := intValue(unix.SOL_SOCKET, name, b)
+		return v
+	}
+	set := func(level, name int32, v []byte) error {
+		t.Helper()
+		return k.setOption(level, name, v)
+	}
+	// Defaults as in Linux.
+	for _, tc := range []struct {
+		level, name, want int32
+	}{
+		{unix.SOL_SOCKET, unix.SO_TYPE, unix.SOCK_DGRAM},
+		{unix.SOL_SOCKET, unix.SO_DOMAIN, unix.AF_INET},
+		{unix.SOL_SOCKET, unix.SO_PROTOCOL, unix.IPPROTO_UDP},
+		{unix.SOL_SOCKET, unix.SO_RCVBUF, 65536},
+		{unix.SOL_SOCKET, unix.SO_SNDBUF, 65536},
+		{unix.SOL_SOCKET, unix.SO_REUSEADDR, 0},
+		{unix.IPPROTO_IP, unix.IP_TTL, 64},
+		{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL, 1},
+		{unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP, 1},
+		{unix.IPPROTO_IP, unix.IP_TOS, 0},
+	} {
+		if got := get(tc.level, tc.name); got != tc.want {
+			t.Errorf("%s = %d, want %d", optName(tc.level, tc.name), got, tc.want)
+		}
+	}
+	// Sets, including Linux's one-byte form at IPPROTO_IP.
+	for _, tc := range []struct {
+		level, name int32
+		val         []byte
+		want        int32
+	}{
+		{unix.SOL_SOCKET, unix.SO_REUSEADDR, le32(7), 1},
+		{unix.IPPROTO_IP, unix.IP_TTL, le32(9), 9},
+		{unix.IPPROTO_IP, unix.IP_TTL, le32(-1), 64},
+		{unix.IPPROTO_IP, unix.IP_TTL, []byte{200}, 200},
+		{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL, le32(0), 0},
+		{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL, le32(-1), 1},
+		{unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP, []byte{0}, 0},
+		{unix.IPPROTO_IP, unix.IP_TOS, le32(0x1b8), 0xb8},
+	} {
+		if err := set(tc.level, tc.name, tc.val); err != nil {
+			t.Errorf("set %s %v: %v", optName(tc.level, tc.name), tc.val, err)
+			continue
+		}
+		if got := get(tc.level, tc.name); got != tc.want {
+			t.Errorf("after set %s %v: %d, want %d", optName(tc.level, tc.name), tc.val, got, tc.want)
+		}
+	}
+	if !k.reuseAddr || k.hdr.TTL != 200 || k.hdr.TOS != 0xb8 || k.hdr.MulticastLoop || k.hdr.MulticastTTL != 1 {
+		t.Errorf("header options not recorded: %+v reuse=%v", k.hdr, k.reuseAddr)
+	}
+	// Errors.
+	for _, tc := range []struct {
+		level, name int32
+		val         []byte
+		errno       unix.Errno
+	}{
+		{unix.IPPROTO_IP, unix.IP_TTL, le32(0), unix.EINVAL},
+		{unix.IPPROTO_IP, unix.IP_TTL, le32(256), unix.EINVAL},
+		{unix.IPPROTO_IP, unix.IP_TTL, nil, unix.EINVAL},
+		{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL, le32(-2), unix.EINVAL},
+		{unix.SOL_SOCKET, unix.SO_REUSEADDR, []byte{1}, unix.EINVAL},
+		{unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE, le32(1000), unix.EOPNOTSUPP},
+		{unix.SOL_SOCKET, unix.SO_RCVBUF, le32(1 << 20), unix.EOPNOTSUPP},
+		{unix.SOL_SOCKET, unix.SO_TYPE, le32(1), unix.ENOPROTOOPT},
+		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, le32(1), unix.ENOPROTOOPT},
+		{unix.IPPROTO_IP, unix.IP_HDRINCL, le32(1), unix.ENOPROTOOPT},
+		{unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS, le32(5), unix.ENOPROTOOPT}, // AF_INET socket
+		{unix.IPPROTO_TCP, 1, le32(1), unix.ENOPROTOOPT},
+	} {
+		err := set(tc.level, tc.name, tc.val)
+		if errnoOf(err) != tc.errno {
+			t.Errorf("set %s %v: %v; want %v", optName(tc.level, tc.name), tc.val, err, tc.errno)
+		}
+	}
+	if _, err := k.option(unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE); errnoOf(err) != unix.EOPNOTSUPP ||
+		!strings.Contains(err.Error(), "not supported yet") {
+		t.Errorf("get SO_MAX_PACING_RATE: %v", err)
+	}
+	if _, err := k.option(unix.SOL_SOCKET, unix.SO_KEEPALIVE); errnoOf(err) != unix.ENOPROTOOPT {
+		t.Errorf("get SO_KEEPALIVE: %v", err)
+	}
+
+	k6 := testSocket(unix.AF_INET6)
+	k = k6
+	for _, tc := range []struct {
+		name int32
+		val  int32
+		want int32
+	}{
+		{unix.IPV6_UNICAST_HOPS, 0, 0},
+		{unix.IPV6_UNICAST_HOPS, -1, 64},
+		{unix.IPV6_MULTICAST_HOPS, 5, 5},
+		{unix.IPV6_MULTICAST_LOOP, 0, 0},
+		{unix.IPV6_TCLASS, 0x2e, 0x2e},
+		{unix.IPV6_TCLASS, -1, 0},
+	} {
+		if err := set(unix.IPPROTO_IPV6, tc.name, le32(tc.val)); err != nil {
+			t.Errorf("set %s %d: %v", optName(unix.IPPROTO_IPV6, tc.name), tc.val, err)
+			continue
+		}
+		if got := get(unix.IPPROTO_IPV6, tc.name); got != tc.want {
+			t.Errorf("%s after %d: %d, want %d", optName(unix.IPPROTO_IPV6, tc.name), tc.val, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		name int32
+		val  []byte
+	}{
+		{unix.IPV6_MULTICAST_LOOP, le32(2)},
+		{unix.IPV6_TCLASS, le32(256)},
+		{unix.IPV6_UNICAST_HOPS, le32(-2)},
+		{unix.IPV6_UNICAST_HOPS, []byte{1}}, // IPv6 options are ints only
+	} {
+		if err := set(unix.IPPROTO_IPV6, tc.name, tc.val); errnoOf(err) != unix.EINVAL {
+			t.Errorf("set %s %v: %v; want EINVAL", optName(unix.IPPROTO_IPV6, tc.name), tc.val, err)
+		}
+	}
+	// IP-level options apply to AF_INET6 sockets too (v4-mapped traffic).
+	if err := set(unix.IPPROTO_IP, unix.IP_TOS, le32(0x10)); err != nil || get(unix.IPPROTO_IPV6, unix.IPV6_TCLASS) != 0x10 {
+		t.Errorf("IP_TOS on AF_INET6: %v", err)
+	}
+	if get(unix.SOL_SOCKET, unix.SO_DOMAIN) != unix.AF_INET6 {
+		t.Error("SO_DOMAIN of an AF_INET6 socket")
+	}
+}
+
+func TestErrnoOf(t *testing.T) {
+	if errnoOf(os.ErrClosed) != unix.EIO {
+		t.Error("no errno: want EIO")
+	}
+	if errnoOf(os.NewSyscallError("x", unix.EADDRINUSE)) != unix.EADDRINUSE {
+		t.Error("wrapped errno lost")
+	}
+	if errnoOf(os.ErrDeadlineExceeded) != unix.ETIMEDOUT {
+		t.Error("deadline")
+	}
+}

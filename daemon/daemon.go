@@ -1,0 +1,347 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/ring"
+)
+
+// ErrClosed is returned by Serve on a Daemon that was closed.
+var ErrClosed = errors.New("daemon: closed")
+
+// writeTimeout bounds one reply to a client: a client that stops reading
+// its control socket loses its session instead of blocking the daemon.
+const writeTimeout = 5 * time.Second
+
+// Daemon is a running bypassd: its rings, its control socket and its client
+// sessions.
+type Daemon struct {
+	cfg   resolved
+	log   *zap.Logger
+	rings []*ringInfo
+	locks []*ifaceLock
+	ln    *ctlproto.Listener
+	// nl lists interface addresses in the daemon's network namespace (to
+	// learn which rings serve which address family).
+	nl   *netlink.Handle
+	nlMu sync.Mutex
+
+	// nextSocket numbers sockets daemon-wide, so a socket id never names
+	// another client's socket by accident.
+	nextSocket atomic.Uint32
+
+	mu       sync.Mutex
+	sessions map[*session]struct{}
+	serving  bool
+	// stopping is set once shutdown began: no new session is admitted.
+	stopping bool
+	sessWG   sync.WaitGroup
+
+	stopOnce  sync.Once
+	stop      chan struct{} // closed by Close to end Serve
+	served    chan struct{} // closed when Serve returns
+	lnOnce    sync.Once
+	lnErr     error
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// ringInfo is one open ring and how to name it in logs.
+type ringInfo struct {
+	r   *ring.Ring
+	it  Interface
+	log *zap.Logger
+}
+
+// New validates cfg, prepares the stats directory, creates the control
+// socket, locks the interfaces and opens one ring per configured interface
+// queue. The rings are opened on the calling thread, so it must be in the
+// interfaces' network namespace (the daemon serves one namespace). On error
+// nothing is left behind.
+func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	rc, err := cfg.resolve()
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	d := &Daemon{cfg: rc, log: log, sessions: map[*session]struct{}{},
+		stop: make(chan struct{}), served: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			_ = d.release()
+		}
+	}()
+	if err := prepareStatsDir(rc.StatsDir, log); err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	if d.ln, err = ctlproto.Listen(rc.SocketPath, rc.SocketMode, rc.socketGID); err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	locked := map[string]bool{}
+	for _, it := range rc.Interfaces {
+		if locked[it.Name] {
+			continue
+		}
+		l, err := lockInterface(rc.RunDir, it.Name)
+		if err != nil {
+			return nil, fmt.Errorf("daemon: %w", err)
+		}
+		d.locks = append(d.locks, l)
+		locked[it.Name] = true
+	}
+	if d.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
+		return nil, fmt.Errorf("daemon: netlink: %w", err)
+	}
+	for _, it := range rc.Interfaces {
+		rlog := log.With(zap.String("iface", it.Name), zap.Int("queue", it.Queue))
+		r, err := ring.Open(ring.Config{
+			Interface:  it.Name,
+			Queue:      it.Queue,
+			Frames:     rc.Frames,
+			XDPMode:    rc.XDPMode,
+			CPUs:       rc.CPUs,
+			Poll:       rc.EnginePoll,
+			RXPoll:     rc.RXPoll,
+			QueueBytes: rc.QueueBytes,
+			Log:        rlog,
+		})
+		if err != nil {
+			if errors.Is(err, unix.EBUSY) {
+				return nil, fmt.Errorf("daemon: open ring %s: %w (another bypassd, or another AF_XDP/XDP user, probably holds it: check `ps -C bypassd` and `bpftool net`)", it, err)
+			}
+			return nil, fmt.Errorf("daemon: open ring %s: %w", it, err)
+		}
+		d.rings = append(d.rings, &ringInfo{r: r, it: it, log: rlog})
+	}
+	log.Info("bypassd ready", zap.String("socket", rc.SocketPath), zap.Stringers("interfaces", rc.Interfaces),
+		zap.Int("queue_bytes", rc.QueueBytes), zap.Int32("rx_poll_us", pollMicros(rc.RXPoll)),
+		zap.Duration("engine_poll", rc.EnginePoll), zap.Int("max_sockets", rc.MaxSockets),
+		zap.Int64("max_queue_memory", rc.MaxQueueMemory))
+	return d, nil
+}
+
+// SocketPath returns the control socket's path.
+func (d *Daemon) SocketPath() string { return d.cfg.SocketPath }
+
+// Rings returns the daemon's rings, in configuration order.
+func (d *Daemon) Rings() []*ring.Ring {
+	out := make([]*ring.Ring, len(d.rings))
+	for i, ri := range d.rings {
+		out[i] = ri.r
+	}
+	return out
+}
+
+// SetLogLevel changes the log level at run time. It needs Config.LogLevel.
+func (d *Daemon) SetLogLevel(l zapcore.Level) error {
+	if d.cfg.LogLevel == nil {
+		return errors.New("daemon: log level is fixed: the daemon was started without Config.LogLevel")
+	}
+	d.cfg.LogLevel.SetLevel(l)
+	d.log.Info("log level changed", zap.Stringer("level", l))
+	return nil
+}
+
+// Sessions returns the number of connected clients.
+func (d *Daemon) Sessions() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.sessions)
+}
+
+// Serve accepts clients until ctx ends, Close is called or accepting fails,
+// then shuts down gracefully: every client is sent SHUTDOWN and its session
+// closed (releasing all its sockets), and the control socket is removed.
+// The rings stay open until Close. Serve may be called once; it returns nil
+// after a requested stop.
+func (d *Daemon) Serve(ctx context.Context) error {
+	d.mu.Lock()
+	if d.serving || d.stopping {
+		d.mu.Unlock()
+		return fmt.Errorf("daemon: Serve called twice or after Close: %w", ErrClosed)
+	}
+	d.serving = true
+	d.mu.Unlock()
+	defer close(d.served)
+
+	acceptDone := make(chan error, 1)
+	go func() { acceptDone <- d.acceptLoop() }()
+	var err error
+	select {
+	case <-ctx.Done():
+		d.log.Info("shutting down: stop requested")
+	case <-d.stop:
+		d.log.Info("shutting down: daemon closed")
+	case err = <-acceptDone:
+		acceptDone = nil
+		d.log.Error("shutting down: cannot accept clients", zap.Error(err))
+	}
+	d.shutdown()
+	if acceptDone != nil {
+		<-acceptDone
+	}
+	return err
+}
+
+// acceptLoop admits clients until the listener is closed.
+func (d *Daemon) acceptLoop() error {
+	var delay time.Duration
+	for {
+		c, err := d.ln.Accept()
+		if err != nil {
+			if d.isStopping() {
+				return nil
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			// A broken listening socket will not recover; anything else
+			// (out of descriptors or memory, a connection that died while
+			// being accepted) is transient: wait and retry rather than
+			// stop serving everybody.
+			if errors.Is(err, unix.EBADF) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTSOCK) {
+				return fmt.Errorf("daemon: accept on %s: %w", d.cfg.SocketPath, err)
+			}
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			d.log.Warn("accept failed; retrying", zap.Error(err), zap.Duration("delay", delay))
+			select {
+			case <-time.After(delay):
+			case <-d.stop:
+			}
+			continue
+		}
+		delay = 0
+		d.admit(c)
+	}
+}
+
+func (d *Daemon) isStopping() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.stopping
+}
+
+// admit starts a session for a new connection.
+func (d *Daemon) admit(c *ctlproto.Conn) {
+	cred, err := c.PeerCred()
+	if err != nil {
+		d.log.Warn("client refused: cannot read its credentials", zap.Error(err))
+		_ = c.Close()
+		return
+	}
+	s := newSession(d, c, *cred)
+	d.mu.Lock()
+	if d.stopping {
+		d.mu.Unlock()
+		s.sendShutdown()
+		_ = c.Close()
+		return
+	}
+	d.sessions[s] = struct{}{}
+	d.sessWG.Add(1)
+	d.mu.Unlock()
+	s.log.Debug("client connected")
+	go s.run()
+}
+
+// forget removes a finished session.
+func (d *Daemon) forget(s *session) {
+	d.mu.Lock()
+	delete(d.sessions, s)
+	d.mu.Unlock()
+	d.sessWG.Done()
+}
+
+// shutdown stops accepting, tells every client and waits until every
+// session released what it held. It is idempotent.
+func (d *Daemon) shutdown() {
+	d.mu.Lock()
+	d.stopping = true
+	sessions := make([]*session, 0, len(d.sessions))
+	for s := range d.sessions {
+		sessions = append(sessions, s)
+	}
+	d.mu.Unlock()
+	d.closeListener()
+	for _, s := range sessions {
+		s.stop()
+	}
+	d.sessWG.Wait()
+	if len(sessions) > 0 {
+		d.log.Info("all clients disconnected", zap.Int("clients", len(sessions)))
+	}
+}
+
+func (d *Daemon) closeListener() {
+	d.lnOnce.Do(func() {
+		if d.ln != nil {
+			d.lnErr = d.ln.Close()
+		}
+	})
+}
+
+// Close shuts the daemon down: it ends Serve (as a stop request would),
+// or, if Serve is not running, disconnects clients itself; then it closes
+// every ring (detaching the XDP program), removes the control socket and
+// releases the interface locks. It is idempotent.
+func (d *Daemon) Close() error {
+	d.closeOnce.Do(func() {
+		d.mu.Lock()
+		serving := d.serving
+		d.stopping = true
+		d.mu.Unlock()
+		d.stopOnce.Do(func() { close(d.stop) })
+		if serving {
+			<-d.served
+		} else {
+			d.shutdown()
+		}
+		d.closeErr = d.release()
+		d.log.Info("bypassd stopped")
+	})
+	return d.closeErr
+}
+
+// release frees the resources New acquired, in reverse order.
+func (d *Daemon) release() error {
+	var errs []error
+	for i := len(d.rings) - 1; i >= 0; i-- {
+		if err := d.rings[i].r.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close ring %s: %w", d.rings[i].it, err))
+		}
+	}
+	d.rings = nil
+	if d.nl != nil {
+		d.nl.Close()
+		d.nl = nil
+	}
+	for _, l := range d.locks {
+		if err := l.release(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	d.locks = nil
+	d.closeListener()
+	if d.lnErr != nil && !errors.Is(d.lnErr, os.ErrNotExist) {
+		errs = append(errs, d.lnErr)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("daemon: close: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,107 @@
+package daemon
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// hasFamily reports whether ri's interface has an address of the family
+// (v4 or v6), read from the kernel now so address changes are seen.
+func (d *Daemon) hasFamily(ri *ringInfo, v4 bool) (bool, error) {
+	fam := netlink.FAMILY_V6
+	if v4 {
+		fam = netlink.FAMILY_V4
+	}
+	d.nlMu.Lock()
+	defer d.nlMu.Unlock()
+	link, err := d.nl.LinkByIndex(ri.r.Ifindex())
+	if err != nil {
+		return false, fmt.Errorf("interface %s: %w", ri.it.Name, err)
+	}
+	addrs, err := d.nl.AddrList(link, fam)
+	if err != nil {
+		return false, fmt.Errorf("interface %s: list addresses: %w", ri.it.Name, err)
+	}
+	return len(addrs) > 0, nil
+}
+
+// homeRing is the ring whose doorbell a new socket of the family gets: the
+// first ring with an address of the family, else the first ring (the bind
+// then fails with the ring's explanation).
+func (d *Daemon) homeRing(family uint16) *ringInfo {
+	v4 := family == unix.AF_INET
+	for _, ri := range d.rings {
+		if ok, err := d.hasFamily(ri, v4); err == nil && ok {
+			return ri
+		}
+	}
+	return d.rings[0]
+}
+
+// chooseRing picks the ring a socket with home ring home binds addr on.
+// A specific address goes to the ring owning it; the wildcard (and a
+// multicast group, which no interface owns) to the only ring with an
+// address of that family. The result must be home (see the package
+// documentation on doorbells).
+func (d *Daemon) chooseRing(home *ringInfo, addr netip.Addr) (*ringInfo, error) {
+	if addr.IsUnspecified() || addr.IsMulticast() {
+		var found []*ringInfo
+		for _, ri := range d.rings {
+			ok, err := d.hasFamily(ri, addr.Is4())
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				found = append(found, ri)
+			}
+		}
+		switch {
+		case len(found) == 0 && len(d.rings) == 1:
+			// Let the ring explain which address is missing.
+			return d.rings[0], nil
+		case len(found) == 0:
+			return nil, fmt.Errorf("bind %v: no interface bypassd serves has an %s address: %w", addr, familyName(addr), unix.EADDRNOTAVAIL)
+		case len(found) > 1:
+			return nil, fmt.Errorf("bind %v: several interfaces bypassd serves have %s addresses (%s and %s): bind a specific address: %w",
+				addr, familyName(addr), found[0].it, found[1].it, unix.EADDRNOTAVAIL)
+		}
+		return sameRing(home, found[0], addr)
+	}
+	if ok, err := home.r.Owns(addr); err != nil {
+		return nil, fmt.Errorf("bind %v: %w", addr, err)
+	} else if ok {
+		return home, nil
+	}
+	for _, ri := range d.rings {
+		if ri == home {
+			continue
+		}
+		ok, err := ri.r.Owns(addr)
+		if err != nil {
+			return nil, fmt.Errorf("bind %v: %w", addr, err)
+		}
+		if ok {
+			return sameRing(home, ri, addr)
+		}
+	}
+	return nil, fmt.Errorf("bind %v: not an address of an interface bypassd serves: %w", addr, unix.EADDRNOTAVAIL)
+}
+
+func sameRing(home, ri *ringInfo, addr netip.Addr) (*ringInfo, error) {
+	if ri != home {
+		return nil, fmt.Errorf("bind %v: served by ring %s, but the socket was opened for ring %s (its doorbell): "+
+			"bypassd serves several interfaces of this family; run one daemon per interface, or bind addresses of %s only: %w",
+			addr, ri.it, home.it, home.it, unix.EADDRNOTAVAIL)
+	}
+	return ri, nil
+}
+
+func familyName(a netip.Addr) string {
+	if a.Is4() {
+		return "IPv4"
+	}
+	return "IPv6"
+}

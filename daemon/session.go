@@ -1,0 +1,245 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/internal/ctlproto"
+)
+
+// maxMalformed is how many refused messages in a row end a session.
+const maxMalformed = 3
+
+// session is one client connection. Its goroutine (run) is the only one
+// touching the socket table; others may only call stop.
+type session struct {
+	d    *Daemon
+	conn *ctlproto.Conn
+	cred unix.Ucred
+	log  *zap.Logger
+
+	hello     bool
+	malformed int
+	sockets   map[uint32]*socket
+	queueMem  int64
+	// limitWarned: a limit hit was logged at Warn already.
+	limitWarned bool
+
+	stopOnce sync.Once
+}
+
+func newSession(d *Daemon, c *ctlproto.Conn, cred unix.Ucred) *session {
+	return &session{d: d, conn: c, cred: cred, sockets: map[uint32]*socket{},
+		log: d.log.With(zap.Int32("pid", cred.Pid), zap.Uint32("uid", cred.Uid), zap.Uint32("gid", cred.Gid))}
+}
+
+// stop tells the client the daemon is stopping and closes the connection,
+// which ends run (and with it the release of the client's sockets).
+func (s *session) stop() {
+	s.stopOnce.Do(func() {
+		s.sendShutdown()
+		_ = s.conn.Close()
+	})
+}
+
+func (s *session) sendShutdown() {
+	_ = s.conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+	err := s.conn.Send(ctlproto.Header{Code: ctlproto.CodeShutdown}, ctlproto.Shutdown{Reason: ctlproto.ShutdownDaemonStopping})
+	if err != nil {
+		s.log.Debug("cannot send SHUTDOWN", zap.Error(err))
+	}
+}
+
+// run serves requests in order until the connection ends, then releases
+// everything the client held.
+func (s *session) run() {
+	defer s.d.forget(s)
+	defer s.release()
+	for {
+		h, msg, fds, err := s.conn.Recv()
+		for _, fd := range fds {
+			// Requests carry no descriptors (Recv refuses those that do);
+			// never keep one.
+			unix.Close(fd)
+		}
+		if err != nil {
+			if !isRefused(err) {
+				s.log.Debug("client disconnected", zap.NamedError("reason", err))
+				return
+			}
+			if !s.refused(h, err) {
+				return
+			}
+			continue
+		}
+		if !s.handle(h, msg) {
+			return
+		}
+	}
+}
+
+// isRefused reports whether err is a packet ctlproto refused (the session
+// goes on) rather than a broken connection.
+func isRefused(err error) bool {
+	return errors.Is(err, ctlproto.ErrShort) || errors.Is(err, ctlproto.ErrMalformed) ||
+		errors.Is(err, ctlproto.ErrUnknownCode) || errors.Is(err, ctlproto.ErrVersion)
+}
+
+// refused answers a refused packet with its errno (a packet too short to
+// have a request id gets no answer) and reports whether the session goes
+// on.
+func (s *session) refused(h ctlproto.Header, err error) bool {
+	errno := ctlproto.Errno(err)
+	s.malformed++
+	s.log.Debug("refused message", zap.Stringer("code", h.Code), zap.Uint32("req", h.ReqID),
+		zap.Uint32("socket", h.Socket), zap.String("errno", unix.ErrnoName(errno)), zap.Error(err), zap.Int("in_a_row", s.malformed))
+	if !errors.Is(err, ctlproto.ErrShort) {
+		if !s.reply(ctlproto.ErrorReply(h, errno), nil) {
+			return false
+		}
+	}
+	if s.malformed >= maxMalformed {
+		s.log.Warn("closing session: too many malformed messages in a row", zap.Int("count", s.malformed), zap.Error(err))
+		return false
+	}
+	return true
+}
+
+// reply sends one reply; false means the connection is unusable.
+func (s *session) reply(h ctlproto.Header, body ctlproto.Message, fds ...int) bool {
+	if err := s.conn.SetWriteDeadline(time.Now().Add(writeTimeout)); err != nil {
+		return false
+	}
+	if err := s.conn.Send(h, body, fds...); err != nil {
+		s.log.Debug("cannot reply; ending session", zap.Stringer("code", h.Code), zap.Error(err))
+		return false
+	}
+	return true
+}
+
+// fail answers h with the errno err carries (EIO when none) and logs why.
+func (s *session) fail(h ctlproto.Header, err error) bool {
+	errno := errnoOf(err)
+	s.log.Debug("request failed", zap.Stringer("code", h.Code), zap.Uint32("req", h.ReqID),
+		zap.Uint32("socket", h.Socket), zap.String("errno", unix.ErrnoName(errno)), zap.Error(err))
+	return s.reply(ctlproto.ErrorReply(h, errno), nil)
+}
+
+// errnoOf extracts the errno to reply with: the first unix.Errno in err's
+// chain, EIO when there is none.
+func errnoOf(err error) unix.Errno {
+	var e unix.Errno
+	if errors.As(err, &e) && e != 0 {
+		return e
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return unix.ETIMEDOUT
+	}
+	return unix.EIO
+}
+
+// handle serves one well-formed message and reports whether the session
+// goes on.
+func (s *session) handle(h ctlproto.Header, msg ctlproto.Message) bool {
+	if h.Code.IsReply() || h.Code == ctlproto.CodeShutdown {
+		// Well-formed, but a client only sends requests.
+		return s.refused(h, fmt.Errorf("%w: a client sends requests only, not %v", ctlproto.ErrMalformed, h.Code))
+	}
+	s.malformed = 0
+	if !s.hello {
+		if h.Code != ctlproto.CodeHello {
+			s.fail(h, fmt.Errorf("%v before HELLO: HELLO must be the first message: %w", h.Code, unix.EPROTO))
+			s.log.Info("closing session: first message was not HELLO", zap.Stringer("code", h.Code))
+			return false
+		}
+		return s.onHello(h, msg)
+	}
+	if h.Code == ctlproto.CodeHello {
+		return s.fail(h, fmt.Errorf("second HELLO: %w", unix.EPROTO))
+	}
+	if h.Code == ctlproto.CodeOpen {
+		m, ok := msg.(*ctlproto.Open)
+		if !ok {
+			return s.fail(h, fmt.Errorf("OPEN body %T: %w", msg, unix.EINVAL))
+		}
+		return s.onOpen(h, m)
+	}
+	k := s.sockets[h.Socket]
+	if k == nil {
+		return s.fail(h, fmt.Errorf("socket %d is not one of this client's sockets: %w", h.Socket, unix.EBADF))
+	}
+	var body ctlproto.Message = ctlproto.Empty{}
+	var err error
+	switch m := msg.(type) {
+	case *ctlproto.Bind:
+		var ap ctlproto.BindReply
+		if ap.Addr, err = s.bind(k, m.Addr, m.ReuseAddr); err == nil {
+			body = ap
+		}
+	case *ctlproto.Connect:
+		err = s.connect(k, m.Addr)
+	case *ctlproto.SetSockOpt:
+		err = k.setOption(m.Level, m.Name, m.Value)
+	case *ctlproto.GetSockOpt:
+		var v []byte
+		if v, err = k.option(m.Level, m.Name); err == nil {
+			body = ctlproto.SockOptValue{Value: v}
+		}
+	case *ctlproto.Group:
+		if h.Code == ctlproto.CodeJoin {
+			err = k.join(m.Group, m.Source, m.Ifindex)
+		} else {
+			err = k.leave(m.Group, m.Source, m.Ifindex)
+		}
+	case *ctlproto.Empty: // CLOSE, the only request without a body
+		s.closeSocket(k)
+	default:
+		err = fmt.Errorf("%v body %T: %w", h.Code, msg, unix.EINVAL)
+	}
+	if err != nil {
+		return s.fail(h, err)
+	}
+	return s.reply(ctlproto.ReplyHeader(h), body)
+}
+
+func (s *session) onHello(h ctlproto.Header, msg ctlproto.Message) bool {
+	m, ok := msg.(*ctlproto.Hello)
+	if !ok {
+		s.fail(h, fmt.Errorf("HELLO body %T: %w", msg, unix.EINVAL))
+		return false
+	}
+	s.log = s.log.With(zap.String("program", m.Name))
+	if m.MinVersion > ctlproto.Version || m.MaxVersion < ctlproto.Version {
+		s.fail(h, fmt.Errorf("client speaks protocol versions %d..%d, this daemon %d: %w", m.MinVersion, m.MaxVersion, ctlproto.Version, unix.EPROTONOSUPPORT))
+		s.log.Info("closing session: no common protocol version", zap.Uint16("min", m.MinVersion), zap.Uint16("max", m.MaxVersion))
+		return false
+	}
+	s.hello = true
+	cfg := &s.d.cfg
+	s.log.Debug("client said hello")
+	return s.reply(ctlproto.ReplyHeader(h), ctlproto.HelloReply{
+		Version:           ctlproto.Version,
+		DaemonPID:         uint32(os.Getpid()),
+		MaxSockets:        uint32(cfg.MaxSockets),
+		DefaultQueueBytes: uint32(cfg.QueueBytes),
+		RXPollMicros:      pollMicros(cfg.RXPoll),
+	})
+}
+
+// release closes every socket of the session and the connection.
+func (s *session) release() {
+	n := len(s.sockets)
+	for _, k := range s.sockets {
+		s.closeSocket(k)
+	}
+	_ = s.conn.Close()
+	if n > 0 {
+		s.log.Debug("session ended; sockets released", zap.Int("sockets", n))
+	}
+}

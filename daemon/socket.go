@@ -1,0 +1,353 @@
+package daemon
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/ring"
+)
+
+// socket is one client socket: its shared memory, its eventfds and, once
+// bound, its ring endpoint. Only its session's goroutine touches it.
+type socket struct {
+	id         uint32
+	family     uint16 // unix.AF_INET or unix.AF_INET6
+	queueBytes int
+	// mem is the daemon's mapping of the memfd: TX queue at 0, RX queue at
+	// rxOffset. tx and rx are the two queues' memory within it.
+	mem    []byte
+	tx, rx []byte
+	// rxWait and txWait are the daemon's ends of the eventfds the client
+	// sleeps on. Each bind hands the endpoint duplicates, so a failed bind
+	// (which closes what it was given) leaves these usable.
+	rxWait, txWait *shmq.Waiter
+	// home is the ring whose doorbell the client got at OPEN; the socket
+	// can bind on it only.
+	home *ringInfo
+	ep   *ring.Endpoint
+
+	// Options set before the bind, applied to the endpoint at bind.
+	reuseAddr bool
+	hdr       ring.HeaderOptions
+	pending   []pendingGroup
+}
+
+// pendingGroup is a multicast membership requested before the bind.
+type pendingGroup struct{ group, source netip.Addr }
+
+// rxOffset is where the RX queue starts in a socket's memfd: right after
+// the TX queue (shmq.Size is a multiple of 256, so it stays cache-line
+// aligned).
+func rxOffset(queueBytes int) int { return shmq.Size(queueBytes) }
+
+// socketMemory is the memfd size of a socket with the given queue size:
+// both queues, rounded up to whole pages.
+func socketMemory(queueBytes int) int {
+	page := os.Getpagesize()
+	n := 2 * shmq.Size(queueBytes)
+	return (n + page - 1) / page * page
+}
+
+// newSocket creates a socket's memfd with both queues formatted, and its
+// eventfds. It returns the memfd, which the caller sends and then closes.
+func newSocket(id uint32, family uint16, queueBytes int, home *ringInfo) (_ *socket, memfd int, err error) {
+	k := &socket{id: id, family: family, queueBytes: queueBytes, home: home, hdr: ring.DefaultHeaderOptions}
+	size := socketMemory(queueBytes)
+	memfd, k.mem, err = shmq.CreateMemfd(fmt.Sprintf("bypassd-socket-%d", id), size)
+	if err != nil {
+		return nil, -1, fmt.Errorf("create shared memory of %d bytes: %w", size, err)
+	}
+	defer func() {
+		if err != nil {
+			k.close()
+			unix.Close(memfd)
+		}
+	}()
+	qs := shmq.Size(queueBytes)
+	k.tx = k.mem[:qs:qs]
+	k.rx = k.mem[rxOffset(queueBytes) : rxOffset(queueBytes)+qs : rxOffset(queueBytes)+qs]
+	if _, err = shmq.Init(k.tx, queueBytes); err != nil {
+		return nil, -1, fmt.Errorf("format TX queue: %w", err)
+	}
+	if _, err = shmq.Init(k.rx, queueBytes); err != nil {
+		return nil, -1, fmt.Errorf("format RX queue: %w", err)
+	}
+	if k.rxWait, err = shmq.NewWaiter(); err != nil {
+		return nil, -1, fmt.Errorf("RX eventfd: %w", err)
+	}
+	if k.txWait, err = shmq.NewWaiter(); err != nil {
+		return nil, -1, fmt.Errorf("TX eventfd: %w", err)
+	}
+	return k, memfd, nil
+}
+
+// close releases everything the socket holds. The endpoint goes first:
+// once its Close returns the engine no longer touches the memory.
+func (k *socket) close() {
+	if k.ep != nil {
+		_ = k.ep.Close()
+		k.ep = nil
+	}
+	if k.rxWait != nil {
+		_ = k.rxWait.Close()
+	}
+	if k.txWait != nil {
+		_ = k.txWait.Close()
+	}
+	if k.mem != nil {
+		_ = shmq.Unmap(k.mem)
+		k.mem, k.tx, k.rx = nil, nil, nil
+	}
+}
+
+// dupWaiter returns a new Waiter on a duplicate of w's eventfd.
+func dupWaiter(w *shmq.Waiter) (*shmq.Waiter, error) {
+	fd, err := unix.FcntlInt(uintptr(w.FD()), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("duplicate eventfd: %w", err)
+	}
+	return shmq.NewWaiterFD(fd)
+}
+
+// onOpen creates a socket and sends its memfd and eventfds.
+func (s *session) onOpen(h ctlproto.Header, m *ctlproto.Open) bool {
+	cfg := &s.d.cfg
+	if len(s.sockets) >= cfg.MaxSockets {
+		s.limitLog("socket limit reached: further OPENs fail with EMFILE (raise --max-sockets)", zap.Int("max_sockets", cfg.MaxSockets))
+		return s.fail(h, fmt.Errorf("client has %d sockets, the per-client limit: %w", len(s.sockets), unix.EMFILE))
+	}
+	if m.Family != unix.AF_INET && m.Family != unix.AF_INET6 {
+		return s.fail(h, fmt.Errorf("family %d: %w", m.Family, unix.EAFNOSUPPORT))
+	}
+	if m.Type != unix.SOCK_DGRAM {
+		return s.fail(h, fmt.Errorf("socket type %d: only SOCK_DGRAM (UDP) is offloaded: %w", m.Type, unix.EPROTONOSUPPORT))
+	}
+	qb := int(m.QueueBytes)
+	if qb == 0 {
+		qb = cfg.QueueBytes
+	}
+	if err := checkQueueBytes(qb); err != nil {
+		return s.fail(h, fmt.Errorf("%w: %w", err, unix.EINVAL))
+	}
+	size := int64(socketMemory(qb))
+	if s.queueMem+size > cfg.MaxQueueMemory {
+		s.limitLog("queue memory limit reached: further OPENs fail with ENOMEM (raise --max-queue-memory or open smaller queues)",
+			zap.Int64("max_queue_memory", cfg.MaxQueueMemory), zap.Int64("in_use", s.queueMem))
+		return s.fail(h, fmt.Errorf("client uses %d bytes of queue memory; %d more exceed the per-client limit of %d: %w",
+			s.queueMem, size, cfg.MaxQueueMemory, unix.ENOMEM))
+	}
+	id := s.newSocketID()
+	k, memfd, err := newSocket(id, m.Family, qb, s.d.homeRing(m.Family))
+	if err != nil {
+		return s.fail(h, err)
+	}
+	rh := ctlproto.ReplyHeader(h)
+	rh.Socket = id
+	fds := [ctlproto.FDsOpen]int{}
+	fds[ctlproto.FDMemfd] = memfd
+	fds[ctlproto.FDRXWait] = k.rxWait.FD()
+	fds[ctlproto.FDTXWait] = k.txWait.FD()
+	fds[ctlproto.FDDoorbell] = k.home.r.Doorbell().FD()
+	ok := s.reply(rh, ctlproto.OpenReply{QueueBytes: uint32(qb), MemfdSize: uint64(len(k.mem)),
+		TXOffset: 0, RXOffset: uint64(rxOffset(qb))}, fds[:]...)
+	// The client has its own copy now; the daemon keeps only the mapping.
+	unix.Close(memfd)
+	if !ok {
+		k.close()
+		return false
+	}
+	s.sockets[id] = k
+	s.queueMem += size
+	s.log.Debug("socket opened", zap.Uint32("socket", id), zap.Uint16("family", m.Family), zap.Int("queue_bytes", qb),
+		zap.String("ring", k.home.it.String()))
+	return true
+}
+
+// limitLog logs a limit hit at Warn once per session (then at Debug), so
+// a client hammering its limit cannot flood the log.
+func (s *session) limitLog(msg string, fields ...zap.Field) {
+	if s.limitWarned {
+		s.log.Debug(msg, fields...)
+		return
+	}
+	s.limitWarned = true
+	s.log.Warn(msg, fields...)
+}
+
+// newSocketID returns a daemon-wide unique, non-zero socket id (unique
+// within the session even after the counter wraps).
+func (s *session) newSocketID() uint32 {
+	for {
+		id := s.d.nextSocket.Add(1)
+		if id != 0 && s.sockets[id] == nil {
+			return id
+		}
+	}
+}
+
+// closeSocket releases k and forgets it.
+func (s *session) closeSocket(k *socket) {
+	k.close()
+	delete(s.sockets, k.id)
+	s.queueMem -= int64(socketMemory(k.queueBytes))
+	s.log.Debug("socket closed", zap.Uint32("socket", k.id))
+}
+
+// sockAddr checks addr against the socket's family. An AF_INET socket
+// accepts the all-zero address as its wildcard (a zero-filled request), an
+// AF_INET6 socket accepts IPv4 (sent v4-mapped), as Linux's dual-stack
+// sockets do.
+func (k *socket) sockAddr(addr netip.AddrPort) (netip.AddrPort, error) {
+	a := addr.Addr()
+	if !a.IsValid() {
+		return addr, fmt.Errorf("no address: %w", unix.EINVAL)
+	}
+	if k.family == unix.AF_INET && a.Is6() {
+		if a == netip.IPv6Unspecified() {
+			return netip.AddrPortFrom(netip.IPv4Unspecified(), addr.Port()), nil
+		}
+		return addr, fmt.Errorf("%v: an IPv6 address for an AF_INET socket: %w", a, unix.EAFNOSUPPORT)
+	}
+	return addr, nil
+}
+
+// bind binds the socket's endpoint (see chooseRing) and returns the bound
+// address.
+func (s *session) bind(k *socket, addr netip.AddrPort, reuse bool) (netip.AddrPort, error) {
+	if k.ep != nil {
+		return netip.AddrPort{}, fmt.Errorf("socket is already bound to %v: %w", k.ep.LocalAddr(), unix.EINVAL)
+	}
+	addr, err := k.sockAddr(addr)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("bind: %w", err)
+	}
+	if p := addr.Port(); p != 0 && p < privilegedPortLimit && !peerCanBindPrivileged(s.cred.Uid, s.cred.Pid) {
+		return netip.AddrPort{}, fmt.Errorf("bind %v: ports below %d need uid 0 or CAP_NET_BIND_SERVICE "+
+			"(e.g. `setcap cap_net_bind_service=ep PROGRAM`): %w", addr, privilegedPortLimit, unix.EACCES)
+	}
+	ri, err := s.d.chooseRing(k.home, addr.Addr())
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	rxw, err := dupWaiter(k.rxWait)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("bind %v: %w", addr, err)
+	}
+	txw, err := dupWaiter(k.txWait)
+	if err != nil {
+		_ = rxw.Close()
+		return netip.AddrPort{}, fmt.Errorf("bind %v: %w", addr, err)
+	}
+	ep, err := ri.r.Bind(addr, ring.BindOptions{ReuseAddr: reuse || k.reuseAddr,
+		Queues: &ring.Queues{TX: k.tx, RX: k.rx, RXWait: rxw, TXWait: txw}})
+	if err != nil {
+		// Bind may or may not have closed them; closing twice is harmless.
+		_ = rxw.Close()
+		_ = txw.Close()
+		return netip.AddrPort{}, err
+	}
+	ep.SetHeaderOptions(k.hdr)
+	for _, g := range k.pending {
+		if err := ep.JoinGroup(g.group, g.source); err != nil {
+			_ = ep.Close()
+			return netip.AddrPort{}, fmt.Errorf("bind %v: apply membership of %v requested before the bind: %w", addr, g.group, err)
+		}
+	}
+	k.pending = nil
+	k.ep = ep
+	s.log.Debug("socket bound", zap.Uint32("socket", k.id), zap.Stringer("addr", ep.LocalAddr()), zap.String("ring", ri.it.String()))
+	return ep.LocalAddr(), nil
+}
+
+// connect sets (or, with the zero address, clears) the socket's peer,
+// binding an unbound socket to the wildcard address first as Linux does.
+func (s *session) connect(k *socket, peer netip.AddrPort) error {
+	if !peer.Addr().IsValid() {
+		if k.ep != nil {
+			return k.ep.Connect(netip.AddrPort{})
+		}
+		return nil
+	}
+	if k.family == unix.AF_INET && peer.Addr().Is6() {
+		return fmt.Errorf("connect %v: an IPv6 address for an AF_INET socket: %w", peer, unix.EAFNOSUPPORT)
+	}
+	if peer.Port() == 0 || peer.Addr().IsUnspecified() {
+		return fmt.Errorf("connect %v: need an address and a port: %w", peer, unix.EINVAL)
+	}
+	if k.ep == nil {
+		wild := netip.IPv6Unspecified()
+		if peer.Addr().Is4() {
+			wild = netip.IPv4Unspecified()
+		}
+		if _, err := s.bind(k, netip.AddrPortFrom(wild, 0), false); err != nil {
+			return fmt.Errorf("connect %v: implicit bind: %w", peer, err)
+		}
+	}
+	return k.ep.Connect(peer)
+}
+
+// groupRing checks a membership request's interface index against the ring
+// the socket is (or will be) bound on.
+func (k *socket) groupRing(group, source netip.Addr, ifindex uint32) error {
+	if !group.IsMulticast() {
+		return fmt.Errorf("%v is not a multicast group: %w", group, unix.EINVAL)
+	}
+	if k.family == unix.AF_INET && group.Is6() {
+		return fmt.Errorf("%v: an IPv6 group for an AF_INET socket: %w", group, unix.EINVAL)
+	}
+	if source.IsValid() && source.Is4() != group.Is4() {
+		return fmt.Errorf("source %v and group %v are of different families: %w", source, group, unix.EINVAL)
+	}
+	if ifindex != 0 && int(ifindex) != k.home.r.Ifindex() {
+		return fmt.Errorf("interface index %d: the socket's ring is %s (index %d); bypassd joins groups on that interface only: %w",
+			ifindex, k.home.it, k.home.r.Ifindex(), unix.ENODEV)
+	}
+	return nil
+}
+
+func (k *socket) join(group, source netip.Addr, ifindex uint32) error {
+	if err := k.groupRing(group, source, ifindex); err != nil {
+		return fmt.Errorf("join: %w", err)
+	}
+	if k.ep != nil {
+		return k.ep.JoinGroup(group, source)
+	}
+	g := pendingGroup{group, source}
+	for _, p := range k.pending {
+		if p.group != group {
+			continue
+		}
+		if p.source.IsValid() != source.IsValid() {
+			return fmt.Errorf("join %v: cannot mix any-source and source-specific membership: %w", group, unix.EINVAL)
+		}
+		if p == g {
+			return fmt.Errorf("join %v source %v: already a member: %w", group, source, unix.EADDRINUSE)
+		}
+	}
+	k.pending = append(k.pending, g)
+	return nil
+}
+
+func (k *socket) leave(group, source netip.Addr, ifindex uint32) error {
+	if err := k.groupRing(group, source, ifindex); err != nil {
+		return fmt.Errorf("leave: %w", err)
+	}
+	if k.ep != nil {
+		return k.ep.LeaveGroup(group, source)
+	}
+	n := len(k.pending)
+	k.pending = slices.DeleteFunc(k.pending, func(p pendingGroup) bool {
+		return p.group == group && (!source.IsValid() || p.source == source)
+	})
+	if len(k.pending) == n {
+		return fmt.Errorf("leave %v source %v: not a member: %w", group, source, unix.EADDRNOTAVAIL)
+	}
+	return nil
+}

@@ -1,0 +1,232 @@
+package daemon
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/ring"
+)
+
+// Socket options the daemon understands (Linux numbers, as the protocol
+// carries them). Everything else is ENOPROTOOPT.
+//
+//	SOL_SOCKET   SO_REUSEADDR            get, set (applies to the next bind)
+//	             SO_TYPE, SO_DOMAIN,     get only
+//	             SO_PROTOCOL
+//	             SO_SNDBUF, SO_RCVBUF    get: the socket's queue bytes; set:
+//	                                     EOPNOTSUPP (sizes are fixed at OPEN)
+//	             SO_MAX_PACING_RATE      EOPNOTSUPP (no pacing yet)
+//	IPPROTO_IP   IP_TOS, IP_TTL, IP_MULTICAST_TTL, IP_MULTICAST_LOOP
+//	IPPROTO_IPV6 IPV6_UNICAST_HOPS, IPV6_MULTICAST_HOPS,
+//	             IPV6_MULTICAST_LOOP, IPV6_TCLASS (AF_INET6 sockets only)
+//
+// The IP and IPv6 options map onto ring.HeaderOptions; one field serves
+// both families (the endpoint sends one family only). Values follow
+// Linux's ranges and defaults (-1 restores the default where Linux allows
+// it). Values are C ints; at IPPROTO_IP a single byte is accepted too, as
+// Linux does.
+
+// headerOptions returns the socket's current header options.
+func (k *socket) headerOptions() ring.HeaderOptions {
+	if k.ep != nil {
+		return k.ep.HeaderOptions()
+	}
+	return k.hdr
+}
+
+func (k *socket) setHeaderOptions(o ring.HeaderOptions) {
+	k.hdr = o
+	if k.ep != nil {
+		k.ep.SetHeaderOptions(o)
+	}
+}
+
+// optName names an option in errors.
+func optName(level, name int32) string {
+	names := map[[2]int32]string{
+		{unix.SOL_SOCKET, unix.SO_REUSEADDR}:          "SO_REUSEADDR",
+		{unix.SOL_SOCKET, unix.SO_TYPE}:               "SO_TYPE",
+		{unix.SOL_SOCKET, unix.SO_DOMAIN}:             "SO_DOMAIN",
+		{unix.SOL_SOCKET, unix.SO_PROTOCOL}:           "SO_PROTOCOL",
+		{unix.SOL_SOCKET, unix.SO_SNDBUF}:             "SO_SNDBUF",
+		{unix.SOL_SOCKET, unix.SO_RCVBUF}:             "SO_RCVBUF",
+		{unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE}:    "SO_MAX_PACING_RATE",
+		{unix.IPPROTO_IP, unix.IP_TOS}:                "IP_TOS",
+		{unix.IPPROTO_IP, unix.IP_TTL}:                "IP_TTL",
+		{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL}:      "IP_MULTICAST_TTL",
+		{unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP}:     "IP_MULTICAST_LOOP",
+		{unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS}:   "IPV6_UNICAST_HOPS",
+		{unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_HOPS}: "IPV6_MULTICAST_HOPS",
+		{unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_LOOP}: "IPV6_MULTICAST_LOOP",
+		{unix.IPPROTO_IPV6, unix.IPV6_TCLASS}:         "IPV6_TCLASS",
+	}
+	if n, ok := names[[2]int32{level, name}]; ok {
+		return n
+	}
+	return fmt.Sprintf("option %d/%d", level, name)
+}
+
+func noOption(level, name int32) error {
+	return fmt.Errorf("%s: not an option bypassd sockets have: %w", optName(level, name), unix.ENOPROTOOPT)
+}
+
+// intValue decodes an option value as Linux does: a C int, or at
+// IPPROTO_IP a single unsigned byte.
+func intValue(level, name int32, v []byte) (int32, error) {
+	switch {
+	case len(v) >= 4:
+		return int32(binary.LittleEndian.Uint32(v)), nil
+	case level == unix.IPPROTO_IP && len(v) >= 1:
+		return int32(v[0]), nil
+	}
+	return 0, fmt.Errorf("%s: value of %d bytes, want a 4-byte int: %w", optName(level, name), len(v), unix.EINVAL)
+}
+
+func intBytes(v int32) []byte { return binary.LittleEndian.AppendUint32(nil, uint32(v)) }
+
+func boolInt(b bool) int32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// hopValue checks a TTL / hop limit: def for -1, lo..255 otherwise.
+func hopValue(level, name, v, lo int32, def uint8) (uint8, error) {
+	switch {
+	case v == -1:
+		return def, nil
+	case v < lo || v > 255:
+		return 0, fmt.Errorf("%s: %d out of range (-1 or %d..255): %w", optName(level, name), v, lo, unix.EINVAL)
+	}
+	return uint8(v), nil
+}
+
+// setOption is SETSOCKOPT.
+func (k *socket) setOption(level, name int32, value []byte) error {
+	if !k.optionKnown(level, name) {
+		return noOption(level, name)
+	}
+	if level == unix.SOL_SOCKET {
+		switch name {
+		case unix.SO_MAX_PACING_RATE:
+			return fmt.Errorf("SO_MAX_PACING_RATE: packet pacing is not supported yet: %w", unix.EOPNOTSUPP)
+		case unix.SO_SNDBUF, unix.SO_RCVBUF:
+			return fmt.Errorf("%s: queue sizes are fixed when the socket is opened (OPEN queue_bytes, now %d): %w",
+				optName(level, name), k.queueBytes, unix.EOPNOTSUPP)
+		case unix.SO_TYPE, unix.SO_DOMAIN, unix.SO_PROTOCOL:
+			return fmt.Errorf("%s is read-only: %w", optName(level, name), unix.ENOPROTOOPT)
+		}
+	}
+	v, err := intValue(level, name, value)
+	if err != nil {
+		return err
+	}
+	o := k.headerOptions()
+	def := ring.DefaultHeaderOptions
+	switch [2]int32{level, name} {
+	case [2]int32{unix.SOL_SOCKET, unix.SO_REUSEADDR}:
+		k.reuseAddr = v != 0
+		return nil
+	case [2]int32{unix.IPPROTO_IP, unix.IP_TOS}:
+		o.TOS = uint8(v)
+	case [2]int32{unix.IPPROTO_IP, unix.IP_TTL}:
+		if o.TTL, err = hopValue(level, name, v, 1, def.TTL); err != nil {
+			return err
+		}
+	case [2]int32{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL}:
+		if o.MulticastTTL, err = hopValue(level, name, v, 0, def.MulticastTTL); err != nil {
+			return err
+		}
+	case [2]int32{unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP}:
+		o.MulticastLoop = v != 0
+	case [2]int32{unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS}:
+		if o.TTL, err = hopValue(level, name, v, 0, def.TTL); err != nil {
+			return err
+		}
+	case [2]int32{unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_HOPS}:
+		if o.MulticastTTL, err = hopValue(level, name, v, 0, def.MulticastTTL); err != nil {
+			return err
+		}
+	case [2]int32{unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_LOOP}:
+		if v != 0 && v != 1 {
+			return fmt.Errorf("IPV6_MULTICAST_LOOP: %d is not 0 or 1: %w", v, unix.EINVAL)
+		}
+		o.MulticastLoop = v == 1
+	case [2]int32{unix.IPPROTO_IPV6, unix.IPV6_TCLASS}:
+		if v == -1 {
+			v = 0
+		}
+		if v < 0 || v > 255 {
+			return fmt.Errorf("IPV6_TCLASS: %d out of range (-1..255): %w", v, unix.EINVAL)
+		}
+		o.TOS = uint8(v)
+	default:
+		return noOption(level, name)
+	}
+	k.setHeaderOptions(o)
+	return nil
+}
+
+// option is GETSOCKOPT; values are 4-byte ints.
+func (k *socket) option(level, name int32) ([]byte, error) {
+	if !k.optionKnown(level, name) {
+		return nil, noOption(level, name)
+	}
+	o := k.headerOptions()
+	var v int32
+	switch [2]int32{level, name} {
+	case [2]int32{unix.SOL_SOCKET, unix.SO_REUSEADDR}:
+		v = boolInt(k.reuseAddr)
+	case [2]int32{unix.SOL_SOCKET, unix.SO_TYPE}:
+		v = unix.SOCK_DGRAM
+	case [2]int32{unix.SOL_SOCKET, unix.SO_DOMAIN}:
+		v = int32(k.family)
+	case [2]int32{unix.SOL_SOCKET, unix.SO_PROTOCOL}:
+		v = unix.IPPROTO_UDP
+	case [2]int32{unix.SOL_SOCKET, unix.SO_SNDBUF}, [2]int32{unix.SOL_SOCKET, unix.SO_RCVBUF}:
+		v = int32(k.queueBytes)
+	case [2]int32{unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE}:
+		return nil, fmt.Errorf("SO_MAX_PACING_RATE: packet pacing is not supported yet: %w", unix.EOPNOTSUPP)
+	case [2]int32{unix.IPPROTO_IP, unix.IP_TOS}, [2]int32{unix.IPPROTO_IPV6, unix.IPV6_TCLASS}:
+		v = int32(o.TOS)
+	case [2]int32{unix.IPPROTO_IP, unix.IP_TTL}, [2]int32{unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS}:
+		v = int32(o.TTL)
+	case [2]int32{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL}, [2]int32{unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_HOPS}:
+		v = int32(o.MulticastTTL)
+	case [2]int32{unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP}, [2]int32{unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_LOOP}:
+		v = boolInt(o.MulticastLoop)
+	default:
+		return nil, noOption(level, name)
+	}
+	return intBytes(v), nil
+}
+
+// optionKnown reports whether (level, name) is an option of this socket:
+// IPv6-level options exist on AF_INET6 sockets only, as in Linux.
+func (k *socket) optionKnown(level, name int32) bool {
+	switch level {
+	case unix.SOL_SOCKET:
+		switch name {
+		case unix.SO_REUSEADDR, unix.SO_TYPE, unix.SO_DOMAIN, unix.SO_PROTOCOL,
+			unix.SO_SNDBUF, unix.SO_RCVBUF, unix.SO_MAX_PACING_RATE:
+			return true
+		}
+	case unix.IPPROTO_IP:
+		switch name {
+		case unix.IP_TOS, unix.IP_TTL, unix.IP_MULTICAST_TTL, unix.IP_MULTICAST_LOOP:
+			return true
+		}
+	case unix.IPPROTO_IPV6:
+		if k.family != unix.AF_INET6 {
+			return false
+		}
+		switch name {
+		case unix.IPV6_UNICAST_HOPS, unix.IPV6_MULTICAST_HOPS, unix.IPV6_MULTICAST_LOOP, unix.IPV6_TCLASS:
+			return true
+		}
+	}
+	return false
+}
