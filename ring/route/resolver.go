@@ -326,7 +326,11 @@ func (r *Resolver) resolve(ctx context.Context, dst netip.Addr, g0 uint64) (Next
 		}
 		routes, err = h.RouteGetWithOptions(dst.AsSlice(), opts)
 		if err != nil {
-			return fmt.Errorf("route: no route to %s in the namespace's routing tables (add one with `ip route add`): %w", dst, err)
+			msg := fmt.Sprintf("route: the kernel has no usable route to %s (none, or a blackhole/unreachable/prohibit route; check `ip route get %s`)", dst, dst)
+			if errIs(err, unix.ENETUNREACH, unix.EHOSTUNREACH) {
+				return fmt.Errorf("%s: %w", msg, err)
+			}
+			return fmt.Errorf("%s: %w (%w)", msg, unix.ENETUNREACH, err)
 		}
 		return nil
 	})

@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/netlab"
@@ -147,12 +149,13 @@ func TestResolveOnLink(t *testing.T) {
 	})
 	t.Run("IPv6 link-local", func(t *testing.T) {
 		ll := linkLocal(t, p.B)
+		src := linkLocal(t, p.A) // usable as a source before resolving
 		n, err := r.Resolve(resolveCtx(t), ll)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !n.Src.IsLinkLocalUnicast() || !bytes.Equal(n.DstMAC, p.B.MAC) || n.Gateway.IsValid() {
-			t.Fatalf("Resolve(%s) = %+v, want a link-local source and B's MAC", ll, n)
+		if n.Src != src || !bytes.Equal(n.DstMAC, p.B.MAC) || n.Gateway.IsValid() {
+			t.Fatalf("Resolve(%s) = %+v, want source %s and B's MAC", ll, n, src)
 		}
 		if _, err := r.Resolve(resolveCtx(t), ll.WithZone(p.A.Name)); err != nil {
 			t.Fatalf("Resolve with the ring's zone: %v", err)
@@ -164,23 +167,30 @@ func TestResolveOnLink(t *testing.T) {
 	})
 }
 
+// linkLocal returns l's IPv6 link-local address once it is usable: the
+// kernel adds it when the link comes up, briefly tentative even without DAD.
 func linkLocal(t *testing.T, l *netlab.Link) netip.Addr {
 	t.Helper()
-	link, err := l.NS.Netlink().LinkByIndex(l.Index)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrs, err := l.NS.Netlink().AddrList(link, netlink.FAMILY_V6)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.IsLinkLocalUnicast() {
-			return ip
+	deadline := time.Now().Add(waitLimit)
+	for {
+		link, err := l.NS.Netlink().LinkByIndex(l.Index)
+		if err != nil {
+			t.Fatal(err)
 		}
+		addrs, err := l.NS.Netlink().AddrList(link, netlink.FAMILY_V6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+				return ip
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s has no usable IPv6 link-local address after %v: %v", l.Name, waitLimit, addrs)
+		}
+		time.Sleep(time.Millisecond)
 	}
-	t.Fatalf("%s has no IPv6 link-local address", l.Name)
-	return netip.Addr{}
 }
 
 func equalNext(a, b Next) bool {
@@ -554,5 +564,75 @@ func TestNewResolverMissingInterface(t *testing.T) {
 	_, err := NewResolver(p.A.NS.Handle(), 999999, nil)
 	if err == nil || !strings.Contains(err.Error(), "999999") {
 		t.Fatalf("NewResolver(missing ifindex): %v, want an error naming the index", err)
+	}
+}
+
+// Lost notifications (receive buffer overrun) drop the whole cache, and the
+// resolver keeps following changes afterwards.
+func TestNotificationOverrun(t *testing.T) {
+	t.Parallel()
+	p := netlab.NewPair(t, netlab.Options{})
+	core, logs := observer.New(zap.WarnLevel)
+	r, err := NewResolver(p.A.NS.Handle(), p.A.Index, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	dst := p.B.Addr4()
+	g := r.Generation()
+	if _, err := r.Resolve(resolveCtx(t), dst); err != nil {
+		t.Fatal(err)
+	}
+	// The smallest buffer the kernel allows, then stall the watcher on the
+	// resolver's lock while many notifications arrive.
+	if err := r.sub.SetReceiveBufferSize(0, true); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			r.mu.Unlock()
+		}
+	}()
+	h := p.A.NS.Netlink()
+	for i := range 200 {
+		err := h.RouteAdd(&netlink.Route{
+			LinkIndex: p.A.Index,
+			Dst:       &net.IPNet{IP: net.IP{198, 18, byte(i), 0}, Mask: net.CIDRMask(24, 32)},
+			Gw:        dst.AsSlice(),
+		})
+		if err != nil {
+			t.Fatalf("add route %d: %v", i, err)
+		}
+	}
+	r.mu.Unlock()
+	locked = false
+
+	deadline := time.Now().Add(waitLimit)
+	for logs.FilterMessageSnippet("notifications lost").Len() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no overrun reported; logs: %v", logs.All())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if r.Generation() == g {
+		t.Fatal("generation unchanged after an overrun")
+	}
+	// Still following the kernel.
+	g = r.Generation()
+	if _, err := r.Resolve(resolveCtx(t), dst); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetMTU(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: p.A.Index}}, 1300); err != nil {
+		t.Fatal(err)
+	}
+	waitGen(t, r, g)
+	n, err := r.Resolve(resolveCtx(t), dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.MTU != 1300 {
+		t.Fatalf("MTU after overrun and change: %d, want 1300", n.MTU)
 	}
 }

@@ -30,18 +30,18 @@ func (r *Resolver) watch() {
 			case errIs(err, unix.ENOBUFS):
 				// The kernel dropped notifications: we no longer know what
 				// changed, so forget everything.
-				r.log.Warn("rtnetlink notifications lost (receive buffer overrun); dropping the route cache")
 				r.mu.Lock()
 				r.invalidateLocked("notification overrun")
 				r.wakeAllLocked()
 				r.mu.Unlock()
+				r.log.Warn("rtnetlink notifications lost (receive buffer overrun); dropped the route cache")
 				continue
 			}
-			r.log.Warn("rtnetlink notification read failed; dropping the route cache", zap.Error(err))
 			r.mu.Lock()
 			r.invalidateLocked("notification read error")
 			r.wakeAllLocked()
 			r.mu.Unlock()
+			r.log.Warn("rtnetlink notification read failed; dropped the route cache", zap.Error(err))
 			// Do not spin on a persistent error.
 			backoff = min(max(2*backoff, 10*time.Millisecond), time.Second)
 			t := time.NewTimer(backoff)
