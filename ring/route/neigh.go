@@ -105,7 +105,7 @@ func (r *Resolver) resolveNeighbour(ctx context.Context, dst, hop netip.Addr, n 
 			return Next{}, err
 		}
 		state = st
-		if st != neighAbsent && st&nudValid != 0 && len(mac) == len(n.SrcMAC) {
+		if usable(st, mac, n.SrcMAC) {
 			if st&netlink.NUD_STALE != 0 && poked.IsZero() {
 				// Kernel traffic would make the kernel re-confirm a STALE
 				// entry; bypass traffic does not, so ask for it explicitly.
@@ -138,7 +138,8 @@ func (r *Resolver) resolveNeighbour(ctx context.Context, dst, hop netip.Addr, n 
 
 		// Not resolved: ask the kernel to resolve it. Pokes are not repeated
 		// while the kernel is probing (INCOMPLETE), only after it gave up.
-		if poked.IsZero() || (st&netlink.NUD_INCOMPLETE == 0 && time.Since(poked) >= repokeInterval) {
+		probing := st != neighAbsent && st&netlink.NUD_INCOMPLETE != 0
+		if poked.IsZero() || (!probing && time.Since(poked) >= repokeInterval) {
 			poked = time.Now()
 			if err := r.poke(hop); err != nil {
 				return Next{}, fmt.Errorf("route: ask the kernel to resolve %s on %s: %w", hop, r.name(), err)
@@ -154,20 +155,35 @@ func (r *Resolver) resolveNeighbour(ctx context.Context, dst, hop netip.Addr, n 
 			return Next{}, errClosed
 		case <-ctx.Done():
 			// One last look: the answer may have arrived with the deadline.
-			if st, mac, err := r.lookupNeigh(hop); err == nil && st != neighAbsent && st&nudValid != 0 && len(mac) == len(n.SrcMAC) {
-				n.DstMAC = mac
-				r.mu.Lock()
+			r.mu.Lock()
+			seq = e.seq
+			r.mu.Unlock()
+			st, mac, err := r.lookupNeigh(hop)
+			if err != nil || !usable(st, mac, n.SrcMAC) {
+				if err == nil {
+					state = st
+				}
+				return Next{}, r.unreachable(ctx, dst, hop, state)
+			}
+			n.DstMAC = mac
+			r.mu.Lock()
+			if e.seq == seq {
 				if r.storeLocked(dst, n, g0) {
 					e.mac = mac
 				}
-				r.mu.Unlock()
-				return n, nil
-			} else if err == nil {
-				state = st
+			} else {
+				// No time to read again: the caller must look again.
+				r.invalidateLocked("neighbour changed during resolution", zap.Stringer("neighbour", hop))
 			}
-			return Next{}, r.unreachable(ctx, dst, hop, state)
+			r.mu.Unlock()
+			return n, nil
 		}
 	}
+}
+
+// usable reports a neighbour state and address the ring can send to.
+func usable(state int, mac, srcMAC net.HardwareAddr) bool {
+	return state != neighAbsent && state&nudValid != 0 && len(mac) == len(srcMAC)
 }
 
 // unreachable builds the error for a neighbour that did not answer in time.
