@@ -64,10 +64,12 @@
 // The producer writes records with plain stores and then stores the
 // producer index (release); the consumer loads the producer index (acquire),
 // reads the records, and then stores the consumer index (release) so the
-// producer may reuse the space. Go's sync/atomic operations are sequentially
-// consistent, which the wake-up protocol below relies on; a C peer must use
-// memory_order_seq_cst (or a seq_cst fence) for the four operations marked
-// "Dekker" below, acquire/release suffices for the rest.
+// producer may reuse the space. The wake-up protocol below needs the four
+// operations marked "Dekker" to be sequentially consistent; this package
+// performs those stores as atomic swaps, which are full barriers even in
+// race-detector builds (whose plain atomic stores are only release stores).
+// A C peer must use memory_order_seq_cst (or a seq_cst fence) for them;
+// acquire/release suffices for the rest.
 //
 // # Wake-ups
 //

@@ -359,7 +359,8 @@ func (q *Queue) Publish() bool {
 	}
 	// Dekker: store index, then load flag. Swap, not Store: it is a full
 	// barrier on every build, while race-detector builds implement Store as
-	// a release store that a later load may overtake (seen as lost wake-ups).
+	// a release store that a later load may overtake (golang/go#58020; seen
+	// here as a lost wake-up between two processes).
 	atomic.SwapUint64(q.prodIdx, p.idx)
 	p.published = p.idx
 	// Load first so the common case does not write the shared line.
