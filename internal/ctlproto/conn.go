@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,6 +33,8 @@ type Conn struct {
 	rc   syscall.RawConn
 	rbuf []byte // receive buffer, owned by the single reader
 	oob  []byte
+
+	closed atomic.Bool // set before closing, so that errors caused by Close read as net.ErrClosed
 }
 
 // SocketPath returns the control socket path clients use: $BYPASSD_SOCKET if
@@ -213,7 +216,7 @@ func (c *Conn) Send(h Header, body Message, fds ...int) error {
 		err = serr
 	}
 	if err != nil {
-		return fmt.Errorf("ctlproto: send %v: %w", h.Code, connError(err))
+		return fmt.Errorf("ctlproto: send %v: %w", h.Code, connError(&c.closed, err))
 	}
 	return nil
 }
@@ -244,7 +247,7 @@ func (c *Conn) Recv() (Header, Message, []int, error) {
 		err = rerr
 	}
 	if err != nil {
-		return Header{}, nil, nil, fmt.Errorf("ctlproto: receive: %w", connError(err))
+		return Header{}, nil, nil, fmt.Errorf("ctlproto: receive: %w", connError(&c.closed, err))
 	}
 	fds, ferr := parseRights(c.oob[:oobn])
 	fail := func(h Header, e error) (Header, Message, []int, error) {
@@ -317,10 +320,11 @@ func closeFDs(fds []int) {
 	}
 }
 
-// connError maps the poller's "file already closed" to net.ErrClosed,
-// which is what socket users test for.
-func connError(err error) error {
-	if errors.Is(err, os.ErrClosed) {
+// connError maps errors caused by Close (the poller reports "use of closed
+// file", not os.ErrClosed, through a RawConn) to net.ErrClosed, which is
+// what socket users test for.
+func connError(closed *atomic.Bool, err error) error {
+	if closed.Load() || errors.Is(err, os.ErrClosed) {
 		return net.ErrClosed
 	}
 	return err
@@ -329,7 +333,7 @@ func connError(err error) error {
 // SetReadDeadline bounds pending and future Recv calls (zero: no deadline).
 func (c *Conn) SetReadDeadline(t time.Time) error {
 	if err := c.f.SetReadDeadline(t); err != nil {
-		return fmt.Errorf("ctlproto: set read deadline: %w", connError(err))
+		return fmt.Errorf("ctlproto: set read deadline: %w", connError(&c.closed, err))
 	}
 	return nil
 }
@@ -339,7 +343,7 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 // block it.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
 	if err := c.f.SetWriteDeadline(t); err != nil {
-		return fmt.Errorf("ctlproto: set write deadline: %w", connError(err))
+		return fmt.Errorf("ctlproto: set write deadline: %w", connError(&c.closed, err))
 	}
 	return nil
 }
@@ -356,7 +360,7 @@ func (c *Conn) PeerCred() (*unix.Ucred, error) {
 		err = gerr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ctlproto: read peer credentials: %w", connError(err))
+		return nil, fmt.Errorf("ctlproto: read peer credentials: %w", connError(&c.closed, err))
 	}
 	return cred, nil
 }
@@ -364,8 +368,9 @@ func (c *Conn) PeerCred() (*unix.Ucred, error) {
 // Close closes the connection, unblocking a pending Recv or Send. The peer
 // sees end of stream.
 func (c *Conn) Close() error {
+	c.closed.Store(true)
 	if err := c.f.Close(); err != nil {
-		return fmt.Errorf("ctlproto: close: %w", connError(err))
+		return fmt.Errorf("ctlproto: close: %w", connError(&c.closed, err))
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -26,6 +27,7 @@ type Listener struct {
 	rc       syscall.RawConn
 	dev, ino uint64 // identity of the socket file this listener created
 
+	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -192,7 +194,7 @@ func (l *Listener) Accept() (*Conn, error) {
 		if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
 			return nil, fmt.Errorf("ctlproto: accept on %s: %w (raise the open-file limit, e.g. LimitNOFILE= in the unit)", l.path, err)
 		}
-		return nil, fmt.Errorf("ctlproto: accept on %s: %w", l.path, connError(err))
+		return nil, fmt.Errorf("ctlproto: accept on %s: %w", l.path, connError(&l.closed, err))
 	}
 	return NewConn(nfd)
 }
@@ -202,6 +204,7 @@ func (l *Listener) Accept() (*Conn, error) {
 // not affected. Later calls return the first call's result.
 func (l *Listener) Close() error {
 	l.closeOnce.Do(func() {
+		l.closed.Store(true)
 		if err := l.f.Close(); err != nil {
 			l.closeErr = fmt.Errorf("ctlproto: close listener %s: %w", l.path, err)
 		}
