@@ -3,140 +3,160 @@ package ring
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/bpf"
-	"github.com/bypassd/bypassd/internal/dgram"
 	"github.com/bypassd/bypassd/internal/shmq"
-	"github.com/bypassd/bypassd/ring/packet"
+	"github.com/bypassd/bypassd/internal/sockq"
 	"github.com/bypassd/bypassd/ring/route"
 )
 
-// table is the engine's view of the bound endpoints. It is immutable once
-// published: writers copy it, change the copy and swap the pointer, so the
-// engine reads it without locks.
-type table struct {
-	// byAddr maps a bound local address (possibly the unspecified address
-	// of its family) to the endpoints bound there.
-	byAddr map[netip.AddrPort][]*Endpoint
-	all    []*Endpoint
-}
-
-func (t *table) with(ep *Endpoint) *table {
-	n := &table{byAddr: make(map[netip.AddrPort][]*Endpoint, len(t.byAddr)+1), all: append(t.all[:len(t.all):len(t.all)], ep)}
-	for k, v := range t.byAddr {
-		n.byAddr[k] = v
-	}
-	n.byAddr[ep.local] = append(n.byAddr[ep.local][:len(n.byAddr[ep.local]):len(n.byAddr[ep.local])], ep)
-	return n
-}
-
-func (t *table) without(ep *Endpoint) *table {
-	n := &table{byAddr: make(map[netip.AddrPort][]*Endpoint, len(t.byAddr))}
-	for k, v := range t.byAddr {
-		var kept []*Endpoint
-		for _, e := range v {
-			if e != ep {
-				kept = append(kept, e)
-			}
-		}
-		if len(kept) > 0 {
-			n.byAddr[k] = kept
-		}
-	}
-	for _, e := range t.all {
-		if e != ep {
-			n.all = append(n.all, e)
-		}
-	}
-	return n
-}
-
-// lookup finds the endpoints for a datagram to dst: the exact address first,
-// then the wildcard address of dst's family.
-func (t *table) lookup(dst netip.AddrPort) []*Endpoint {
-	if eps, ok := t.byAddr[dst]; ok {
-		return eps
-	}
-	any := netip.IPv4Unspecified()
-	if dst.Addr().Is6() {
-		any = netip.IPv6Unspecified()
-	}
-	return t.byAddr[netip.AddrPortFrom(any, dst.Port())]
-}
-
-// Endpoint is a UDP socket bound on a ring. Its user side (Send, Recv) may be
-// used from any goroutines; the ring's engine is the other side of its queues.
+// Endpoint is a UDP socket bound on a ring: the engine side of its two
+// queues, its steering entries, its kernel port reservation and its
+// multicast memberships. Its user side is either in this process (Send and
+// Recv, see inproc.go) or in a client process that maps the same queues.
 type Endpoint struct {
 	r     *Ring
 	local netip.AddrPort
 	peer  atomic.Pointer[netip.AddrPort]
+	opts  atomic.Pointer[HeaderOptions]
 	resv  *route.Reservation
-	flows []bpf.Flow
+	// steered lists the destination addresses Bind steered to the ring.
+	steered []netip.Addr
+	// members is the endpoint's multicast memberships, replaced as a whole
+	// (copy-on-write) so the engine reads it without locks.
+	members atomic.Pointer[memberships]
 
-	// User side of the queues: producer of tx, consumer of rx.
-	txq, rxq *shmq.Queue
-	// Engine side of the same memory.
+	// Engine side of the queues: consumer of TX, producer of RX.
 	etx, erx *shmq.Queue
-	// rxWait wakes a reader sleeping on an empty RX queue; txWait wakes a
-	// writer waiting for room in the TX queue.
+	// rxWait wakes the user when RX has data; txWait when TX has room.
 	rxWait, txWait *shmq.Waiter
-	txMu, rxMu     sync.Mutex
+	// user is the in-process user side; nil when the user is a client.
+	user *sockq.Conn
 
-	closeOnce sync.Once
-	closed    atomic.Bool
+	// mu serializes membership changes and Close (never held by the engine).
+	mu     sync.Mutex
+	closed atomic.Bool
 	// broken is set by the engine when a queue turned out corrupt.
 	broken atomic.Bool
 
 	// engine-owned
 	touched bool
+	stalled bool
 
 	stats EndpointStats
 }
 
 // EndpointStats are an endpoint's counters.
 type EndpointStats struct {
-	RXPackets, RXBytes, RXDropped       atomic.Uint64
-	TXPackets, TXBytes, TXDropped       atomic.Uint64
-	TXUnreachable, TXErrors, RXChecksum atomic.Uint64
+	RXPackets, RXBytes atomic.Uint64
+	// RXDropped counts datagrams dropped because the RX queue was full.
+	RXDropped          atomic.Uint64
+	TXPackets, TXBytes atomic.Uint64
+	// TXUnreachable counts datagrams dropped because the next hop could not
+	// be resolved; TXErrors those that could not be encoded or sent.
+	TXUnreachable, TXErrors atomic.Uint64
 }
 
-// BindUDP binds a UDP endpoint to addr on the ring. addr's IP must be one
-// of the interface's addresses or the unspecified address of its family
-// (all of them); port 0 picks a free port. The port is also reserved in the
-// kernel with an ordinary socket so no other program can take it.
-func (r *Ring) BindUDP(addr netip.AddrPort) (*Endpoint, error) {
-	addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
-	if !addr.Addr().IsValid() {
-		return nil, fmt.Errorf("ring %s/%d: bind %v: invalid address", r.cfg.Interface, r.cfg.Queue, addr)
+// HeaderOptions are the per-socket header fields of transmitted datagrams.
+type HeaderOptions struct {
+	// TTL is the IPv4 TTL / IPv6 hop limit of unicast datagrams (IP_TTL,
+	// IPV6_UNICAST_HOPS); default 64.
+	TTL uint8
+	// MulticastTTL is the same for multicast destinations
+	// (IP_MULTICAST_TTL, IPV6_MULTICAST_HOPS); default 1, as in Linux.
+	MulticastTTL uint8
+	// TOS is the IPv4 TOS byte / IPv6 traffic class (IP_TOS, IPV6_TCLASS).
+	TOS uint8
+	// MulticastLoop delivers multicast datagrams sent by this socket to
+	// local members too (IP_MULTICAST_LOOP); default true, as in Linux.
+	MulticastLoop bool
+}
+
+// DefaultHeaderOptions are the options of a new endpoint.
+var DefaultHeaderOptions = HeaderOptions{TTL: 64, MulticastTTL: 1, MulticastLoop: true}
+
+// membership is one joined group; sources, when not empty, is the
+// source-specific filter (only datagrams from these sources are accepted).
+type membership struct {
+	group   netip.Addr
+	sources []netip.Addr
+}
+
+type memberships struct{ groups []membership }
+
+// accepts reports whether a datagram from src to group passes the filter.
+func (m *memberships) accepts(group, src netip.Addr) bool {
+	for i := range m.groups {
+		if m.groups[i].group == group {
+			return len(m.groups[i].sources) == 0 || slices.Contains(m.groups[i].sources, src)
+		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil, errRingClosed
+	return false
+}
+
+// BindOptions modify Bind.
+type BindOptions struct {
+	// ReuseAddr lets several endpoints bind one port (SO_REUSEADDR), as
+	// multicast receivers do. Unicast datagrams go to the most recently
+	// bound of them; multicast datagrams to every member.
+	ReuseAddr bool
+	// Queues supplies the queues' memory and the user side's waiters (the
+	// daemon: a client's memfd). Nil: the ring allocates them in this
+	// process and the endpoint's Send and Recv methods are its user side.
+	Queues *Queues
+}
+
+// Queues is the memory of an endpoint's queues and the waiters through
+// which the engine wakes their user. The endpoint takes ownership of the
+// waiters and closes them on Close; the memory stays the caller's.
+type Queues struct {
+	// TX and RX are formatted shmq queues (shmq.Init): the user produces
+	// into TX and consumes from RX.
+	TX, RX         []byte
+	RXWait, TXWait *shmq.Waiter
+}
+
+// BindUDP binds an in-process UDP endpoint to addr (see Bind).
+func (r *Ring) BindUDP(addr netip.AddrPort) (*Endpoint, error) {
+	return r.Bind(addr, BindOptions{})
+}
+
+// Bind binds a UDP endpoint to addr on the ring. addr's IP must be one of
+// the interface's addresses or the unspecified address of its family (all
+// of them); port 0 picks a free port. The port is also reserved in the
+// kernel with an ordinary socket so no other program can take it.
+func (r *Ring) Bind(addr netip.AddrPort, opts BindOptions) (_ *Endpoint, err error) {
+	addr = unmap(addr)
+	fail := func(err error) error {
+		return fmt.Errorf("ring %s/%d: bind %v: %w", r.cfg.Interface, r.cfg.Queue, addr, err)
+	}
+	if !addr.Addr().IsValid() {
+		return nil, fail(unix.EINVAL)
 	}
 	ip := addr.Addr()
 	var dsts []netip.Addr
 	if ip.IsUnspecified() {
-		addrs, err := r.interfaceAddrs(ip.Is4())
-		if err != nil {
-			return nil, fmt.Errorf("ring %s/%d: bind %v: %w", r.cfg.Interface, r.cfg.Queue, addr, err)
+		if dsts, err = r.interfaceAddrs(ip.Is4()); err != nil {
+			return nil, fail(err)
 		}
-		dsts = addrs
+		if len(dsts) == 0 {
+			return nil, fail(fmt.Errorf("%s has no %s address to receive on: %w", r.cfg.Interface, familyName(ip), unix.EADDRNOTAVAIL))
+		}
 	} else {
-		local, err := r.isLocal(ip)
+		local, err := r.Owns(ip)
 		if err != nil {
-			return nil, fmt.Errorf("ring %s/%d: bind %v: %w", r.cfg.Interface, r.cfg.Queue, addr, err)
+			return nil, fail(err)
 		}
 		if !local {
-			return nil, unixErr(unix.EADDRNOTAVAIL, "ring %s/%d: bind %v: %v is not an address of %s", r.cfg.Interface, r.cfg.Queue, addr, ip, r.cfg.Interface)
+			return nil, fail(fmt.Errorf("%v is not an address of %s: %w", ip, r.cfg.Interface, unix.EADDRNOTAVAIL))
 		}
 		dsts = []netip.Addr{ip}
 	}
@@ -144,63 +164,94 @@ func (r *Ring) BindUDP(addr netip.AddrPort) (*Endpoint, error) {
 	if ip.Is4() {
 		network = "udp4"
 	}
-	resv, err := route.ReservePort(r.ns, network, addr)
-	if err != nil {
-		return nil, fmt.Errorf("ring %s/%d: bind %v: %w", r.cfg.Interface, r.cfg.Queue, addr, err)
-	}
-	ep := &Endpoint{r: r, local: resv.Addr(), resv: resv}
-	ep.local = netip.AddrPortFrom(ep.local.Addr().Unmap(), ep.local.Port())
-	if err := ep.initQueues(r.cfg.QueueBytes); err != nil {
-		_ = resv.Close()
-		return nil, fmt.Errorf("ring %s/%d: bind %v: %w", r.cfg.Interface, r.cfg.Queue, addr, err)
-	}
-	for _, d := range dsts {
-		f := bpf.Flow{Proto: unix.IPPROTO_UDP, Dst: netip.AddrPortFrom(d, ep.local.Port())}
-		if err := r.prog.AddFlow(f, uint32(r.cfg.Queue)); err != nil {
+	ep := &Endpoint{r: r}
+	ep.opts.Store(&DefaultHeaderOptions)
+	ep.members.Store(&memberships{})
+	defer func() {
+		if err != nil {
 			ep.release()
-			return nil, fmt.Errorf("ring %s/%d: bind %v: steer flow: %w", r.cfg.Interface, r.cfg.Queue, addr, err)
 		}
-		ep.flows = append(ep.flows, f)
+	}()
+	if err := ep.initQueues(opts.Queues, r.cfg.QueueBytes); err != nil {
+		return nil, fail(err)
 	}
-	r.table.Store(r.table.Load().with(ep))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, errRingClosed
+	}
+	if ep.resv, err = route.ReservePort(r.ns, network, addr, route.ReserveOptions{ReuseAddr: opts.ReuseAddr}); err != nil {
+		return nil, fail(err)
+	}
+	ep.local = unmap(ep.resv.Addr())
+	ep.steered = dsts
+	var added []bpf.Flow
+	for _, d := range dsts {
+		f := r.udpFlow(netip.AddrPortFrom(d, ep.local.Port()))
+		if err := r.addFlowLocked(f); err != nil {
+			for _, a := range added {
+				r.delFlowLocked(a)
+			}
+			return nil, fail(fmt.Errorf("steer flow: %w", err))
+		}
+		added = append(added, f)
+	}
+	r.table.Store(r.table.Load().withEndpoint(ep.local, ep))
 	return ep, nil
 }
 
-func (ep *Endpoint) initQueues(capacity int) error {
-	size := shmq.Size(capacity)
+func familyName(ip netip.Addr) string {
+	if ip.Is4() {
+		return "IPv4"
+	}
+	return "IPv6"
+}
+
+func unmap(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+func (ep *Endpoint) initQueues(q *Queues, capacity int) error {
 	var err error
-	txMem, rxMem := make([]byte, size), make([]byte, size)
-	if ep.txq, err = shmq.Init(txMem, capacity); err != nil {
+	if q == nil {
+		size := shmq.Size(capacity)
+		txMem, rxMem := make([]byte, size), make([]byte, size)
+		var txq, rxq *shmq.Queue
+		if txq, err = shmq.Init(txMem, capacity); err != nil {
+			return fmt.Errorf("TX queue: %w", err)
+		}
+		if rxq, err = shmq.Init(rxMem, capacity); err != nil {
+			return fmt.Errorf("RX queue: %w", err)
+		}
+		q = &Queues{TX: txMem, RX: rxMem}
+		if q.RXWait, err = shmq.NewWaiter(); err != nil {
+			return err
+		}
+		if q.TXWait, err = shmq.NewWaiter(); err != nil {
+			_ = q.RXWait.Close()
+			return err
+		}
+		ep.user = sockq.New(txq, rxq, q.RXWait, q.TXWait, ep.r.doorbell, ep.r.userPolicy)
+	}
+	ep.rxWait, ep.txWait = q.RXWait, q.TXWait
+	if ep.etx, err = shmq.Attach(q.TX); err != nil {
 		return fmt.Errorf("TX queue: %w", err)
 	}
-	if ep.rxq, err = shmq.Init(rxMem, capacity); err != nil {
+	if ep.erx, err = shmq.Attach(q.RX); err != nil {
 		return fmt.Errorf("RX queue: %w", err)
-	}
-	if ep.etx, err = shmq.Attach(txMem); err != nil {
-		return fmt.Errorf("TX queue: %w", err)
-	}
-	if ep.erx, err = shmq.Attach(rxMem); err != nil {
-		return fmt.Errorf("RX queue: %w", err)
-	}
-	if ep.rxWait, err = shmq.NewWaiter(); err != nil {
-		return err
-	}
-	if ep.txWait, err = shmq.NewWaiter(); err != nil {
-		_ = ep.rxWait.Close()
-		return err
 	}
 	return nil
 }
 
-// release frees what BindUDP acquired (flows, reservation, waiters).
+// release frees the reservation and the waiters (steering and table entries
+// are removed by the caller).
 func (ep *Endpoint) release() {
-	for _, f := range ep.flows {
-		if err := ep.r.prog.DeleteFlow(f); err != nil && !errors.Is(err, os.ErrNotExist) {
-			ep.r.log.Warn("delete flow failed")
-		}
+	if ep.resv != nil {
+		_ = ep.resv.Close()
 	}
-	ep.flows = nil
-	_ = ep.resv.Close()
+	if ep.user != nil {
+		ep.user.Close()
+	}
 	if ep.rxWait != nil {
 		_ = ep.rxWait.Close()
 	}
@@ -218,221 +269,191 @@ func (ep *Endpoint) LocalAddr() netip.AddrPort { return ep.local }
 // AddrPort disconnects.
 func (ep *Endpoint) Connect(peer netip.AddrPort) error {
 	if peer.IsValid() {
-		peer = netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
+		peer = unmap(peer)
 		if peer.Addr().Is4() != ep.local.Addr().Is4() {
 			return unixErr(unix.EAFNOSUPPORT, "connect %v: endpoint is bound to %v", peer, ep.local)
+		}
+		if peer.Port() == 0 || peer.Addr().IsUnspecified() {
+			return unixErr(unix.EINVAL, "connect %v: need an address and a port", peer)
 		}
 	}
 	ep.peer.Store(&peer)
 	return nil
 }
 
+// Peer returns the connected peer (zero if not connected).
+func (ep *Endpoint) Peer() netip.AddrPort {
+	if p := ep.peer.Load(); p != nil {
+		return *p
+	}
+	return netip.AddrPort{}
+}
+
+// SetHeaderOptions sets the header fields of datagrams sent from now on.
+func (ep *Endpoint) SetHeaderOptions(o HeaderOptions) { ep.opts.Store(&o) }
+
+// HeaderOptions returns the current header options.
+func (ep *Endpoint) HeaderOptions() HeaderOptions { return *ep.opts.Load() }
+
 // Stats returns the endpoint's counters.
 func (ep *Endpoint) Stats() *EndpointStats { return &ep.stats }
 
-// Close unbinds the endpoint: steering entries and the port reservation are
-// released, blocked Send and Recv calls return net.ErrClosed.
-func (ep *Endpoint) Close() error {
-	ep.closeOnce.Do(func() {
-		ep.closed.Store(true)
-		// Closing the waiters unblocks Send and Recv calls sleeping on
-		// them (they return net.ErrClosed).
-		_ = ep.rxWait.Close()
-		_ = ep.txWait.Close()
-		r := ep.r
-		r.mu.Lock()
-		r.table.Store(r.table.Load().without(ep))
-		r.mu.Unlock()
-		// Delete steering first so no new frame is redirected for it,
-		// then wait for the engine to drop its references.
-		for _, f := range ep.flows {
-			_ = r.prog.DeleteFlow(f)
+// JoinGroup makes the endpoint receive datagrams sent to group on its port.
+// A valid source makes the membership source-specific (that source only;
+// several calls add sources). The kernel joins the group on the ring's
+// interface, so IGMP/MLD reports go out and the NIC accepts the group's MAC.
+func (ep *Endpoint) JoinGroup(group, source netip.Addr) error {
+	group, source = group.Unmap(), source.Unmap()
+	if !group.IsMulticast() || group.Is4() != ep.local.Addr().Is4() {
+		return unixErr(unix.EINVAL, "join %v on %v: not a multicast group of the socket's family", group, ep.local)
+	}
+	if !ep.local.Addr().IsUnspecified() && ep.local.Addr() != group {
+		return unixErr(unix.EINVAL, "join %v: bound to %v; bind the unspecified address or the group to receive it", group, ep.local.Addr())
+	}
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	if ep.closed.Load() {
+		return errEndpointClosed
+	}
+	old := ep.members.Load()
+	i := slices.IndexFunc(old.groups, func(m membership) bool { return m.group == group })
+	if i >= 0 && (!source.IsValid() || len(old.groups[i].sources) == 0 || slices.Contains(old.groups[i].sources, source)) {
+		if source.IsValid() != (len(old.groups[i].sources) > 0) {
+			return unixErr(unix.EINVAL, "join %v: cannot mix any-source and source-specific membership", group)
 		}
-		ep.flows = nil
-		r.sync()
-		// Blocked callers hold the locks while waiting: they have returned
-		// once the locks are ours.
-		ep.txMu.Lock()
-		ep.rxMu.Lock()
-		ep.release()
-		ep.rxMu.Unlock()
-		ep.txMu.Unlock()
-	})
+		return unixErr(unix.EADDRINUSE, "join %v source %v: already a member", group, source)
+	}
+	if err := ep.resv.JoinGroup(group, source, ep.r.ifindex); err != nil {
+		return fmt.Errorf("join %v on %s: %w", group, ep.r.cfg.Interface, err)
+	}
+	n := &memberships{groups: slices.Clone(old.groups)}
+	if i >= 0 {
+		n.groups[i].sources = append(slices.Clone(n.groups[i].sources), source)
+		ep.members.Store(n)
+		return nil
+	}
+	m := membership{group: group}
+	if source.IsValid() {
+		m.sources = []netip.Addr{source}
+	}
+	n.groups = append(n.groups, m)
+	r := ep.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	key := netip.AddrPortFrom(group, ep.local.Port())
+	if err := r.addFlowLocked(r.udpFlow(key)); err != nil {
+		_ = ep.resv.LeaveGroup(group, source, ep.r.ifindex)
+		return fmt.Errorf("join %v: steer group: %w", group, err)
+	}
+	ep.members.Store(n)
+	r.table.Store(r.table.Load().withKey(key, ep))
 	return nil
 }
 
-func (ep *Endpoint) closedErr() error {
-	if ep.broken.Load() {
-		return fmt.Errorf("endpoint %v: queue corrupted: %w", ep.local, net.ErrClosed)
+// LeaveGroup ends a membership (source-specific when source is valid).
+func (ep *Endpoint) LeaveGroup(group, source netip.Addr) error {
+	group, source = group.Unmap(), source.Unmap()
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	if ep.closed.Load() {
+		return errEndpointClosed
 	}
-	return net.ErrClosed
+	old := ep.members.Load()
+	i := slices.IndexFunc(old.groups, func(m membership) bool { return m.group == group })
+	if i < 0 || (source.IsValid() && !slices.Contains(old.groups[i].sources, source)) {
+		return unixErr(unix.EADDRNOTAVAIL, "leave %v source %v: not a member", group, source)
+	}
+	n := &memberships{groups: slices.Clone(old.groups)}
+	if source.IsValid() && len(old.groups[i].sources) > 1 {
+		n.groups[i].sources = slices.DeleteFunc(slices.Clone(old.groups[i].sources), func(a netip.Addr) bool { return a == source })
+		ep.members.Store(n)
+		return ep.resv.LeaveGroup(group, source, ep.r.ifindex)
+	}
+	n.groups = slices.Delete(n.groups, i, i+1)
+	ep.dropGroup(old.groups[i], n)
+	return nil
 }
 
-// Send queues one datagram to dst (the connected peer when dst is the zero
-// AddrPort). It blocks while the TX queue is full, until deadline (zero: no
-// deadline; in the past: never blocks, returning EAGAIN).
-func (ep *Endpoint) Send(b []byte, dst netip.AddrPort, deadline time.Time) error {
-	_, err := ep.SendBatch([][]byte{b}, dst, deadline)
-	return err
-}
-
-// SendBatch queues datagrams to dst and returns how many were queued. It
-// wakes the engine once for the whole batch.
-func (ep *Endpoint) SendBatch(msgs [][]byte, dst netip.AddrPort, deadline time.Time) (int, error) {
-	if dst.IsValid() {
-		dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
-		if dst.Addr().Is4() != ep.local.Addr().Is4() {
-			return 0, unixErr(unix.EAFNOSUPPORT, "send to %v from %v", dst, ep.local)
-		}
-	} else if p := ep.peer.Load(); p == nil || !p.IsValid() {
-		return 0, unixErr(unix.EDESTADDRREQ, "send from %v: no destination and not connected", ep.local)
+// dropGroup removes one whole membership: table, steering, kernel.
+func (ep *Endpoint) dropGroup(m membership, next *memberships) {
+	r := ep.r
+	key := netip.AddrPortFrom(m.group, ep.local.Port())
+	r.mu.Lock()
+	r.table.Store(r.table.Load().withoutKey(key, ep))
+	r.delFlowLocked(r.udpFlow(key))
+	r.mu.Unlock()
+	ep.members.Store(next)
+	sources := m.sources
+	if len(sources) == 0 {
+		sources = []netip.Addr{{}}
 	}
-	limit := packet.MaxUDPPayload4
-	if ep.local.Addr().Is6() {
-		limit = packet.MaxUDPPayload6
-	}
-	ep.txMu.Lock()
-	defer ep.txMu.Unlock()
-	h := dgram.Header{Addr: dst}
-	sent := 0
-	var err error
-	for sent < len(msgs) {
-		if ep.closed.Load() || ep.broken.Load() {
-			err = ep.closedErr()
-			break
+	for _, s := range sources {
+		if err := ep.resv.LeaveGroup(m.group, s, r.ifindex); err != nil {
+			r.log.Warn("kernel leave failed", zap.Stringer("group", m.group), zap.Error(err))
 		}
-		m := msgs[sent]
-		if len(m) > limit {
-			err = unixErr(unix.EMSGSIZE, "send %d bytes from %v: UDP payload limit is %d", len(m), ep.local, limit)
-			break
-		}
-		rec, rerr := ep.txq.Reserve(dgram.HeaderLen + len(m))
-		if rerr == nil {
-			dgram.Put(rec, &h)
-			copy(rec[dgram.HeaderLen:], m)
-			if err = ep.txq.Commit(dgram.HeaderLen+len(m), dgram.TypeDatagram); err != nil {
-				break
-			}
-			sent++
-			continue
-		}
-		if !errors.Is(rerr, shmq.ErrFull) {
-			err = fmt.Errorf("send %d bytes from %v: %w", len(m), ep.local, rerr)
-			break
-		}
-		// Full: let the engine see what is queued, then wait for room.
-		ep.publishTX()
-		if err = ep.waitTX(dgram.HeaderLen+len(m), deadline); err != nil {
-			break
-		}
-	}
-	ep.publishTX()
-	return sent, err
-}
-
-func (ep *Endpoint) publishTX() {
-	if ep.txq.Publish() {
-		ep.r.doorbell.Wake()
 	}
 }
 
-func (ep *Endpoint) waitTX(n int, deadline time.Time) error {
-	if ep.closed.Load() || ep.broken.Load() {
-		return ep.closedErr()
-	}
-	return ep.waitErr("send", ep.r.userPolicy.WaitWritable(ep.txq, n, ep.txWait, deadline))
-}
+var errEndpointClosed = fmt.Errorf("endpoint closed: %w", os.ErrClosed)
 
-// waitErr turns a queue wait's error into what a socket user expects.
-func (ep *Endpoint) waitErr(op string, err error) error {
-	switch {
-	case err == nil:
+// Close unbinds the endpoint: steering entries, memberships and the port
+// reservation are released, and a blocked in-process Send or Recv returns
+// net.ErrClosed. The queues' memory is not touched after Close returns.
+func (ep *Endpoint) Close() error {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	if ep.closed.Swap(true) {
 		return nil
-	case errors.Is(err, shmq.ErrTimeout):
-		return fmt.Errorf("%s on %v: %w", op, ep.local, errTimeout)
-	case errors.Is(err, shmq.ErrClosed):
-		return ep.closedErr()
 	}
-	return fmt.Errorf("%s on %v: %w", op, ep.local, err)
+	if ep.user != nil {
+		ep.user.Close()
+	}
+	r := ep.r
+	ms := ep.members.Load()
+	for _, m := range ms.groups {
+		ep.dropGroup(m, &memberships{})
+	}
+	r.mu.Lock()
+	r.table.Store(r.table.Load().withoutEndpoint(ep))
+	// Steering goes first so no new frame is redirected for the port.
+	for _, d := range ep.steered {
+		r.delFlowLocked(r.udpFlow(netip.AddrPortFrom(d, ep.local.Port())))
+	}
+	r.mu.Unlock()
+	// Wait until the engine holds no reference, then free the rest.
+	r.sync()
+	ep.release()
+	return nil
 }
 
-// Message is one datagram of a batch receive.
-type Message struct {
-	// Buf receives the payload; N is how many bytes were stored (a longer
-	// datagram is truncated, as recvfrom(2) does).
-	Buf  []byte
-	N    int
-	Addr netip.AddrPort
+func (r *Ring) udpFlow(dst netip.AddrPort) bpf.Flow {
+	return bpf.Flow{Proto: unix.IPPROTO_UDP, Dst: dst}
 }
 
-// Recv receives one datagram into b, returning its length and sender. A
-// datagram longer than b is truncated (the rest discarded), as recvfrom(2)
-// does. It blocks until a datagram arrives, the deadline passes (an error
-// matching both os.ErrDeadlineExceeded and EAGAIN) or the endpoint closes
-// (net.ErrClosed).
-func (ep *Endpoint) Recv(b []byte, deadline time.Time) (int, netip.AddrPort, error) {
-	m := [1]Message{{Buf: b}}
-	if _, err := ep.RecvBatch(m[:], deadline); err != nil {
-		return 0, netip.AddrPort{}, err
-	}
-	return m[0].N, m[0].Addr, nil
-}
-
-// RecvBatch waits like Recv for the first datagram, then fills msgs with
-// those already queued, without blocking again, and returns how many.
-func (ep *Endpoint) RecvBatch(msgs []Message, deadline time.Time) (int, error) {
-	if len(msgs) == 0 {
-		return 0, nil
-	}
-	ep.rxMu.Lock()
-	defer ep.rxMu.Unlock()
-	var h dgram.Header
-	for {
-		if ep.closed.Load() {
-			return 0, ep.closedErr()
-		}
-		n := 0
-		for n < len(msgs) {
-			rec, _, err := ep.rxq.Peek()
-			if err != nil {
-				if !errors.Is(err, shmq.ErrEmpty) {
-					return n, fmt.Errorf("receive on %v: %w", ep.local, err)
-				}
-				break
-			}
-			payload, perr := dgram.Parse(rec, &h)
-			if perr == nil {
-				msgs[n].N = copy(msgs[n].Buf, payload)
-				msgs[n].Addr = h.Addr
-				n++
-			}
-			ep.rxq.Advance()
-		}
-		if n > 0 {
-			if ep.rxq.Release() {
-				ep.r.doorbell.Wake()
-			}
-			return n, nil
-		}
-		if err := ep.waitRX(deadline); err != nil {
-			return 0, err
+// addFlowLocked steers f to this ring, sharing the entry with endpoints that
+// already use it (reuse-address binds, common groups). Holds r.mu.
+func (r *Ring) addFlowLocked(f bpf.Flow) error {
+	if r.flowRefs[f] == 0 {
+		if err := r.prog.AddFlow(f, uint32(r.cfg.Queue)); err != nil {
+			return err
 		}
 	}
+	r.flowRefs[f]++
+	return nil
 }
 
-func (ep *Endpoint) waitRX(deadline time.Time) error {
-	return ep.waitErr("receive", ep.r.userPolicy.WaitReadable(ep.rxq, ep.rxWait, deadline))
-}
-
-// errTimeout is what a deadline produces: both EAGAIN (as the kernel's
-// SO_RCVTIMEO) and os.ErrDeadlineExceeded (as Go's net package).
-var errTimeout = timeoutError{}
-
-type timeoutError struct{}
-
-func (timeoutError) Error() string   { return "i/o timeout" }
-func (timeoutError) Timeout() bool   { return true }
-func (timeoutError) Temporary() bool { return true }
-func (timeoutError) Is(target error) bool {
-	return target == os.ErrDeadlineExceeded || target == unix.EAGAIN
+// delFlowLocked drops one reference to f, removing the entry with the last.
+func (r *Ring) delFlowLocked(f bpf.Flow) {
+	n := r.flowRefs[f]
+	if n == 0 {
+		return
+	}
+	if n > 1 {
+		r.flowRefs[f] = n - 1
+		return
+	}
+	delete(r.flowRefs, f)
+	if err := r.prog.DeleteFlow(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+		r.log.Warn("delete steering entry failed", zap.Stringer("flow", f), zap.Error(err))
+	}
 }

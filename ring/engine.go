@@ -37,6 +37,8 @@ type Stats struct {
 	// TXUnreachable counts datagrams dropped because the next hop could
 	// not be resolved; TXErrors datagrams that could not be encoded.
 	TXUnreachable, TXErrors atomic.Uint64
+	// TXLinkDown counts frames dropped because the link was down.
+	TXLinkDown atomic.Uint64
 	// Wakeups counts times the engine slept and woke up.
 	Wakeups atomic.Uint64
 }
@@ -77,10 +79,21 @@ const (
 // maxDests bounds the destination cache.
 const maxDests = 8192
 
-// tmplKey selects a header template: one per (source, destination) pair.
-type tmplKey struct{ src, dst netip.AddrPort }
+// tmplKey selects a header template: one per (endpoint, destination).
+type tmplKey struct {
+	ep  *Endpoint
+	dst netip.AddrPort
+}
+
+// tmplEntry is a template and the endpoint options it was built with.
+type tmplEntry struct {
+	tmpl *packet.Template
+	opts *HeaderOptions
+}
 
 type resolution struct {
+	// gen is the resolver generation the answer belongs to.
+	gen  uint64
 	addr netip.Addr
 	next route.Next
 	err  error
@@ -95,12 +108,31 @@ type engine struct {
 	backlog []qp.Frame
 	touched []*Endpoint
 	dests   map[netip.Addr]*dest
-	tmpls   map[tmplKey]*packet.Template
+	tmpls   map[tmplKey]tmplEntry
 	gen     uint64
 	reasm   *reassembly.Reassembler
 	// reasmStats is published for readers on other goroutines.
 	reasmStats atomic.Pointer[reassembly.Stats]
 	lastExpire time.Time
+	// lastTable is the endpoint table templates were last pruned for.
+	lastTable *table
+}
+
+// pruneTemplates forgets the templates of endpoints no longer bound.
+func (e *engine) pruneTemplates(t *table) {
+	e.lastTable = t
+	if len(e.tmpls) == 0 {
+		return
+	}
+	live := make(map[*Endpoint]bool, len(t.all))
+	for _, ep := range t.all {
+		live[ep] = true
+	}
+	for k := range e.tmpls {
+		if !live[k.ep] {
+			delete(e.tmpls, k)
+		}
+	}
 }
 
 func (e *engine) init(r *Ring) {
@@ -108,7 +140,7 @@ func (e *engine) init(r *Ring) {
 	e.rx = make([]qp.Frame, r.cfg.Batch)
 	e.tx = make([]qp.Frame, 0, r.cfg.Batch+64)
 	e.dests = map[netip.Addr]*dest{}
-	e.tmpls = map[tmplKey]*packet.Template{}
+	e.tmpls = map[tmplKey]tmplEntry{}
 	e.reasm = reassembly.New(r.cfg.Reassembly)
 }
 
@@ -151,6 +183,9 @@ func (e *engine) iterate(t *table) (int, error) {
 		clear(e.dests)
 		clear(e.tmpls)
 	}
+	if t != e.lastTable {
+		e.pruneTemplates(t)
+	}
 	work := e.receive()
 	for {
 		select {
@@ -188,7 +223,9 @@ func (e *engine) sleep(t *table) error {
 	defer r.sleeping.Store(false)
 	pending := false
 	for _, ep := range t.all {
-		if ep.etx.ArmReadWait() {
+		// A queue stalled on next-hop resolution does not keep the
+		// engine awake: the resolution rings the doorbell.
+		if ep.etx.ArmReadWait() && !ep.stalled {
 			pending = true
 		}
 	}
@@ -272,13 +309,7 @@ func (e *engine) receive() int {
 	// Counters first, so that a reader woken by the datagrams sees them.
 	r.stats.RXPackets.Add(pkts)
 	r.stats.RXBytes.Add(bytes)
-	for _, ep := range e.touched {
-		ep.touched = false
-		if ep.erx.Publish() {
-			ep.rxWait.Wake()
-		}
-	}
-	e.touched = e.touched[:0]
+	e.publishTouched()
 	return n
 }
 
@@ -291,29 +322,59 @@ func (e *engine) deliver(t *table, src, dst netip.AddrPort, payload []byte, ts i
 		return false
 	}
 	h := dgram.Header{Addr: src, Flags: dgram.FlagSWTimestamp, TSSW: ts}
-	ok := false
-	for _, ep := range eps {
+	if dst.Addr().IsMulticast() {
+		// Every member whose filter accepts the source gets a copy.
+		ok := false
+		for _, ep := range eps {
+			if ep.members.Load().accepts(dst.Addr(), src.Addr()) && e.enqueue(ep, &h, payload) {
+				ok = true
+			}
+		}
+		return ok
+	}
+	// Unicast goes to one endpoint: the most recently bound that accepts
+	// the sender (several only with SO_REUSEADDR).
+	for i := len(eps) - 1; i >= 0; i-- {
+		ep := eps[i]
 		if p := ep.peer.Load(); p != nil && p.IsValid() && *p != src {
 			continue
 		}
-		rec, err := ep.erx.Reserve(dgram.HeaderLen + len(payload))
-		if err != nil {
-			ep.stats.RXDropped.Add(1)
-			e.r.stats.RXQueueFull.Add(1)
-			continue
-		}
-		dgram.Put(rec, &h)
-		copy(rec[dgram.HeaderLen:], payload)
-		_ = ep.erx.Commit(dgram.HeaderLen+len(payload), dgram.TypeDatagram)
-		ep.stats.RXPackets.Add(1)
-		ep.stats.RXBytes.Add(uint64(len(payload)))
-		if !ep.touched {
-			ep.touched = true
-			e.touched = append(e.touched, ep)
-		}
-		ok = true
+		return e.enqueue(ep, &h, payload)
 	}
-	return ok
+	e.r.stats.RXNoEndpoint.Add(1)
+	return false
+}
+
+// publishTouched makes the datagrams enqueued since the last call visible
+// and wakes their readers.
+func (e *engine) publishTouched() {
+	for _, ep := range e.touched {
+		ep.touched = false
+		if ep.erx.Publish() {
+			_ = ep.rxWait.Wake()
+		}
+	}
+	e.touched = e.touched[:0]
+}
+
+// enqueue copies one datagram into ep's RX queue (published after the burst).
+func (e *engine) enqueue(ep *Endpoint, h *dgram.Header, payload []byte) bool {
+	rec, err := ep.erx.Reserve(dgram.HeaderLen + len(payload))
+	if err != nil {
+		ep.stats.RXDropped.Add(1)
+		e.r.stats.RXQueueFull.Add(1)
+		return false
+	}
+	dgram.Put(rec, h)
+	copy(rec[dgram.HeaderLen:], payload)
+	_ = ep.erx.Commit(dgram.HeaderLen+len(payload), dgram.TypeDatagram)
+	ep.stats.RXPackets.Add(1)
+	ep.stats.RXBytes.Add(uint64(len(payload)))
+	if !ep.touched {
+		ep.touched = true
+		e.touched = append(e.touched, ep)
+	}
+	return true
 }
 
 // transmit takes datagrams from endpoint TX queues, builds frames and posts
@@ -329,12 +390,13 @@ func (e *engine) transmit(t *table) (int, error) {
 	}
 	work := 0
 	for _, ep := range t.all {
-		n, err := e.drain(ep)
+		n, err := e.drain(t, ep)
 		work += n
 		if err != nil {
 			return work, err
 		}
 	}
+	e.publishTouched() // multicast loopback copies
 	if len(e.tx) > 0 {
 		e.backlog = append(e.backlog, e.tx...)
 		e.tx = e.tx[:0]
@@ -346,10 +408,11 @@ func (e *engine) transmit(t *table) (int, error) {
 }
 
 // drain moves up to one batch of an endpoint's queued datagrams into frames.
-func (e *engine) drain(ep *Endpoint) (int, error) {
+func (e *engine) drain(t *table, ep *Endpoint) (int, error) {
 	r := e.r
 	n := 0
 	var h dgram.Header
+	ep.stalled = false
 	for n < r.cfg.Batch {
 		rec, _, err := ep.etx.Peek()
 		if err != nil {
@@ -381,7 +444,10 @@ func (e *engine) drain(ep *Endpoint) (int, error) {
 		}
 		tmpl, d, ok := e.template(ep, dst)
 		if !ok {
-			break // next hop still resolving: keep the datagram queued
+			// Next hop still resolving: keep the datagram queued; the
+			// resolution wakes the engine.
+			ep.stalled = true
+			break
 		}
 		if tmpl == nil {
 			// Unreachable: dropped, as the kernel drops after failed ARP.
@@ -437,6 +503,10 @@ func (e *engine) drain(ep *Endpoint) (int, error) {
 			if frames > 1 {
 				r.stats.TXFragments.Add(uint64(frames))
 			}
+			if dst.Addr().IsMulticast() && ep.opts.Load().MulticastLoop {
+				// Local members get a copy, as with IP_MULTICAST_LOOP.
+				e.deliver(t, tmpl.Src(), dst, payload, time.Now().UnixNano())
+			}
 			ep.stats.TXPackets.Add(1)
 			ep.stats.TXBytes.Add(uint64(len(payload)))
 			r.stats.TXPackets.Add(1)
@@ -455,20 +525,26 @@ func (e *engine) drain(ep *Endpoint) (int, error) {
 func (e *engine) post() error {
 	n, err := e.r.prov.TXBurst(e.backlog)
 	e.backlog = e.backlog[:copy(e.backlog, e.backlog[n:])]
-	if err != nil {
-		return err
+	if errors.Is(err, unix.ENETDOWN) {
+		// The link is down: drop what could not be posted, as a NIC
+		// would; the ring goes on and sends again when the link is up.
+		e.r.stats.TXLinkDown.Add(uint64(len(e.backlog)))
+		e.r.prov.FreeTX(e.backlog)
+		e.backlog = e.backlog[:0]
+		return nil
 	}
-	return nil
+	return err
 }
 
 // template returns the header template for ep → dst. ok=false means the
 // next hop is being resolved (try later); a nil template with ok=true means
 // dst is unreachable.
 func (e *engine) template(ep *Endpoint, dst netip.AddrPort) (*packet.Template, *dest, bool) {
-	key := tmplKey{src: ep.local, dst: dst}
+	key := tmplKey{ep: ep, dst: dst}
+	opts := ep.opts.Load()
 	d := e.dests[dst.Addr()]
-	if tmpl, ok := e.tmpls[key]; ok && d != nil {
-		return tmpl, d, true
+	if te, ok := e.tmpls[key]; ok && d != nil && te.opts == opts {
+		return te.tmpl, d, true
 	}
 	if d == nil {
 		if len(e.dests) >= maxDests {
@@ -497,7 +573,11 @@ func (e *engine) template(ep *Endpoint, dst netip.AddrPort) (*packet.Template, *
 	if src.Addr().IsUnspecified() {
 		src = netip.AddrPortFrom(d.next.Src, src.Port())
 	}
-	tmpl, err := packet.NewTemplate(d.next.SrcMAC, d.next.DstMAC, src, dst, d.next.MTU, packet.TemplateOptions{})
+	to := packet.TemplateOptions{TTL: opts.TTL, TOS: opts.TOS}
+	if dst.Addr().IsMulticast() {
+		to.TTL = opts.MulticastTTL
+	}
+	tmpl, err := packet.NewTemplate(d.next.SrcMAC, d.next.DstMAC, src, dst, d.next.MTU, to)
 	if err != nil {
 		e.r.log.Warn("cannot build header template", zap.Stringer("dst", dst), zap.Error(err))
 		return nil, d, true
@@ -505,7 +585,7 @@ func (e *engine) template(ep *Endpoint, dst netip.AddrPort) (*packet.Template, *
 	if len(e.tmpls) >= 4*maxDests {
 		clear(e.tmpls)
 	}
-	e.tmpls[key] = tmpl
+	e.tmpls[key] = tmplEntry{tmpl: tmpl, opts: opts}
 	return tmpl, d, true
 }
 
@@ -514,9 +594,10 @@ func (e *engine) startResolve(addr netip.Addr) {
 	go func() {
 		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.ResolveTimeout)
 		defer cancel()
+		gen := r.res.Generation()
 		next, err := r.res.Resolve(ctx, addr)
 		select {
-		case r.resolved <- resolution{addr: addr, next: next, err: err}:
+		case r.resolved <- resolution{gen: gen, addr: addr, next: next, err: err}:
 			r.doorbell.Wake()
 		case <-r.done:
 		}
@@ -525,8 +606,13 @@ func (e *engine) startResolve(addr netip.Addr) {
 
 func (e *engine) applyResolution(res resolution) {
 	d := e.dests[res.addr]
-	if d == nil {
+	if d == nil || d.state != destResolving {
 		return // forgotten after a route change; the next datagram asks again
+	}
+	if res.gen != e.gen {
+		// Answered from tables that changed meanwhile: ask again.
+		e.startResolve(res.addr)
+		return
 	}
 	if res.err != nil {
 		d.state, d.err, d.retryAt = destFailed, res.err, time.Now().Add(time.Second)

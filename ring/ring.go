@@ -116,10 +116,12 @@ type Ring struct {
 	res     *route.Resolver
 	nl      *netlink.Handle
 
-	// mu serializes endpoint registration and ring close.
+	// mu serializes endpoint registration, steering changes and ring close.
 	mu     sync.Mutex
 	table  atomic.Pointer[table]
 	closed bool
+	// flowRefs counts the endpoints using each steering entry.
+	flowRefs map[bpf.Flow]int
 
 	// doorbell wakes the sleeping engine: endpoints ring it when they queue
 	// datagrams, resolvers when a next hop is ready, Close when it stops.
@@ -149,8 +151,11 @@ type Ring struct {
 // the calling thread's network namespace.
 func Open(cfg Config) (_ *Ring, err error) {
 	cfg.setDefaults()
-	if cfg.QueueBytes&(cfg.QueueBytes-1) != 0 || cfg.QueueBytes < 4096 {
-		return nil, fmt.Errorf("ring %s/%d: queue size %d: must be a power of two >= 4096", cfg.Interface, cfg.Queue, cfg.QueueBytes)
+	if cfg.QueueBytes&(cfg.QueueBytes-1) != 0 || cfg.QueueBytes < 4096 || cfg.QueueBytes > 1<<30 {
+		return nil, fmt.Errorf("ring %s/%d: queue size %d: must be a power of two from 4 KiB to 1 GiB", cfg.Interface, cfg.Queue, cfg.QueueBytes)
+	}
+	if cfg.ResolveTimeout < 0 {
+		return nil, fmt.Errorf("ring %s/%d: negative resolve timeout %v", cfg.Interface, cfg.Queue, cfg.ResolveTimeout)
 	}
 	r := &Ring{cfg: cfg, log: cfg.Log.With(zap.String("ring", fmt.Sprintf("%s/%d", cfg.Interface, cfg.Queue))),
 		done: make(chan struct{}), resolved: make(chan resolution, 64), userPolicy: shmq.Policy{Spin: cfg.RXPoll}}
@@ -162,11 +167,11 @@ func Open(cfg Config) (_ *Ring, err error) {
 			}
 		}
 	}()
-	if r.ns, err = netns.Get(); err != nil {
-		return nil, fmt.Errorf("ring %s/%d: current network namespace: %w", cfg.Interface, cfg.Queue, err)
+	if r.ns, err = callerNS(); err != nil {
+		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
 	}
 	cleanups = append(cleanups, func() { r.ns.Close() })
-	if r.nl, err = netlink.NewHandleAt(r.ns); err != nil {
+	if r.nl, err = netlinkHandle(r.ns); err != nil {
 		return nil, fmt.Errorf("ring %s/%d: netlink: %w", cfg.Interface, cfg.Queue, err)
 	}
 	cleanups = append(cleanups, r.nl.Close)
@@ -182,7 +187,7 @@ func Open(cfg Config) (_ *Ring, err error) {
 	if len(r.mac) != 6 {
 		return nil, fmt.Errorf("ring %s/%d: interface %s is not Ethernet (link type %s)", cfg.Interface, cfg.Queue, cfg.Interface, link.Type())
 	}
-	if r.key, err = nsKey(r.ns, r.ifindex); err != nil {
+	if r.key, err = nsKey(r.ifindex); err != nil {
 		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
 	}
 	if r.prog, err = acquireProgram(r.key, bpf.Options{Mode: cfg.XDPMode}); err != nil {
@@ -212,13 +217,25 @@ func Open(cfg Config) (_ *Ring, err error) {
 		return nil, fmt.Errorf("ring %s/%d: doorbell: %w", cfg.Interface, cfg.Queue, err)
 	}
 	r.table.Store(&table{byAddr: map[netip.AddrPort][]*Endpoint{}})
+	r.flowRefs = map[bpf.Flow]int{}
 	r.eng.init(r)
-	r.log.Info("ring open", zap.String("mode", caps.Mode), zap.Int("mtu", r.mtu),
-		zap.Int("frames", cfg.Frames), zap.Int("frame_size", caps.FrameSize))
+	fields := []zap.Field{zap.String("mode", caps.Mode), zap.Int("mtu", r.mtu),
+		zap.Int("frames", caps.RXFrames+caps.TXFrames), zap.Int("frame_size", caps.FrameSize)}
+	if why := r.prog.FallbackReason(); why != nil {
+		fields = append(fields, zap.NamedError("native_xdp_refused", why))
+	}
+	r.log.Info("ring open", fields...)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	go r.run()
 	return r, nil
 }
+
+// Doorbell is the waiter that wakes the sleeping engine; users write it
+// after queueing datagrams (clients receive its file descriptor).
+func (r *Ring) Doorbell() *shmq.Waiter { return r.doorbell }
+
+// Ifindex returns the ring's interface index.
+func (r *Ring) Ifindex() int { return r.ifindex }
 
 // Caps reports the provider's capabilities.
 func (r *Ring) Caps() qp.Caps { return r.prov.Caps() }
@@ -297,6 +314,16 @@ func (r *Ring) run() {
 	if err := r.eng.loop(); err != nil {
 		r.fatal.Store(&err)
 		r.log.Error("ring engine stopped", zap.Error(err))
+		// Nobody will serve the queues any more: fail their users now
+		// rather than let them wait forever.
+		for _, ep := range r.table.Load().all {
+			ep.broken.Store(true)
+			if ep.user != nil {
+				ep.user.Break(fmt.Errorf("ring %s/%d stopped: %w", r.cfg.Interface, r.cfg.Queue, err))
+			}
+			_ = ep.rxWait.Close()
+			_ = ep.txWait.Close()
+		}
 	}
 }
 
@@ -324,8 +351,9 @@ func (r *Ring) interfaceAddrs(v4 bool) ([]netip.Addr, error) {
 	return out, nil
 }
 
-// isLocal reports whether addr is one of the interface's addresses.
-func (r *Ring) isLocal(addr netip.Addr) (bool, error) {
+// Owns reports whether addr is one of the ring's interface's addresses.
+func (r *Ring) Owns(addr netip.Addr) (bool, error) {
+	addr = addr.Unmap()
 	addrs, err := r.interfaceAddrs(addr.Is4())
 	if err != nil {
 		return false, err
