@@ -121,7 +121,7 @@ func (c Code) Known() bool {
 // Header starts every packet.
 type Header struct {
 	Code    Code
-	Version uint16 // 0 is written as Version by Marshal
+	Version uint16 // Marshal writes 0 as Version and refuses any other value
 	ReqID   uint32
 	Status  unix.Errno // replies only: 0 or a positive errno
 	Socket  uint32     // 0 = none
@@ -292,6 +292,9 @@ func Marshal(dst []byte, h Header, body Message) ([]byte, error) {
 	if body == nil {
 		body = Empty{}
 	}
+	if h.Version != Version {
+		return dst, fmt.Errorf("ctlproto: marshal %v: version %d (this package speaks only %d)", h.Code, h.Version, Version)
+	}
 	if err := checkHeader(h); err != nil {
 		return dst, fmt.Errorf("ctlproto: marshal %v: %w", h.Code, err)
 	}
@@ -338,7 +341,10 @@ func checkHeader(h Header) error {
 }
 
 func wrongBody(h Header, body Message) error {
-	return fmt.Errorf("body %T does not belong to %v%s", body, h.Code, map[bool]string{true: " with a non-zero status", false: ""}[h.Status != 0])
+	if h.Status != 0 {
+		return fmt.Errorf("body %T in a failed reply (send Empty)", body)
+	}
+	return fmt.Errorf("body %T does not belong to %v", body, h.Code)
 }
 
 func appendBody(b []byte, h Header, body Message) ([]byte, error) {

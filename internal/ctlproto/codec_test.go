@@ -157,6 +157,7 @@ func TestMarshalRefuses(t *testing.T) {
 		{"body in close", Header{Code: CodeClose, Socket: 1}, Shutdown{}},
 		{"missing body", Header{Code: CodeShutdown}, nil},
 		{"unknown code", Header{Code: 0x63}, Empty{}},
+		{"other version", Header{Code: CodeClose, Version: 2, Socket: 1}, Empty{}},
 		{"shutdown reply", Header{Code: CodeShutdown | ReplyBit}, Empty{}},
 		{"status in request", Header{Code: CodeClose, Status: unix.EINVAL, Socket: 1}, Empty{}},
 		{"status too big", Header{Code: CodeClose | ReplyBit, Status: 5000}, Empty{}},
