@@ -1,0 +1,292 @@
+package ring_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/internal/netlab"
+	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/internal/sockq"
+	"github.com/bypassd/bypassd/ring"
+)
+
+// multicastSender is a kernel UDP socket in ns that sends multicast out of
+// ifindex.
+func multicastSender(t *testing.T, ns *netlab.NS, ifindex int, src netip.AddrPort) *net.UDPConn {
+	t.Helper()
+	c := kernelUDP(t, ns, "udp4", src)
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptIPMreqn(int(fd), unix.IPPROTO_IP, unix.IP_MULTICAST_IF, &unix.IPMreqn{Ifindex: int32(ifindex)})
+	}); err != nil || serr != nil {
+		t.Fatalf("IP_MULTICAST_IF: %v %v", err, serr)
+	}
+	return c
+}
+
+func expectDatagrams(t *testing.T, ep *ring.Endpoint, want [][]byte) {
+	t.Helper()
+	buf := make([]byte, 2048)
+	for i, w := range want {
+		n, _, err := ep.Recv(buf, time.Now().Add(5*time.Second))
+		if err != nil {
+			t.Fatalf("%v: datagram %d: %v", ep.LocalAddr(), i, err)
+		}
+		if !bytes.Equal(buf[:n], w) {
+			t.Fatalf("%v: datagram %d: got %q want %q", ep.LocalAddr(), i, buf[:n], w)
+		}
+	}
+}
+
+func expectNothing(t *testing.T, ep *ring.Endpoint) {
+	t.Helper()
+	if n, from, err := ep.Recv(make([]byte, 2048), time.Now().Add(200*time.Millisecond)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("%v: unexpected datagram (%d bytes from %v, %v)", ep.LocalAddr(), n, from, err)
+	}
+}
+
+func TestMulticast(t *testing.T) {
+	l := newLab(t, ring.Config{})
+	group := netip.MustParseAddr("239.1.2.3")
+	ep1, err := l.r.Bind(netip.AddrPortFrom(netip.IPv4Unspecified(), 0), ring.BindOptions{ReuseAddr: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep1.Close()
+	port := ep1.LocalAddr().Port()
+	ep2, err := l.r.Bind(netip.AddrPortFrom(netip.IPv4Unspecified(), port), ring.BindOptions{ReuseAddr: true})
+	if err != nil {
+		t.Fatalf("second reuse-address bind: %v", err)
+	}
+	defer ep2.Close()
+	for _, ep := range []*ring.Endpoint{ep1, ep2} {
+		if err := ep.JoinGroup(group, netip.Addr{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The kernel joined the group on the interface (IGMP goes out).
+	var igmp []byte
+	if err := l.p.A.NS.Do(func() error {
+		var err error
+		igmp, err = os.ReadFile("/proc/thread-self/net/igmp")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(igmp), "030201EF") { // 239.1.2.3, little-endian hex
+		t.Errorf("kernel has not joined %v:\n%s", group, igmp)
+	}
+
+	sender := multicastSender(t, l.p.B.NS, l.p.B.Index, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	dst := netip.AddrPortFrom(group, port)
+	var want [][]byte
+	for i := 0; i < 20; i++ {
+		m := payload(i, 100+i)
+		want = append(want, m)
+		if _, err := sender.WriteToUDPAddrPort(m, dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expectDatagrams(t, ep1, want)
+	expectDatagrams(t, ep2, want)
+
+	if err := ep2.LeaveGroup(group, netip.Addr{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ep2.LeaveGroup(group, netip.Addr{}); !errors.Is(err, unix.EADDRNOTAVAIL) {
+		t.Fatalf("second leave: %v, want EADDRNOTAVAIL", err)
+	}
+	if _, err := sender.WriteToUDPAddrPort([]byte("after leave"), dst); err != nil {
+		t.Fatal(err)
+	}
+	expectDatagrams(t, ep1, [][]byte{[]byte("after leave")})
+	expectNothing(t, ep2)
+
+	// Unicast to the shared port goes to one endpoint only: the newest.
+	uni := kernelUDP(t, l.p.B.NS, "udp4", netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	if _, err := uni.WriteToUDPAddrPort([]byte("unicast"), netip.AddrPortFrom(l.p.A.Addr4(), port)); err != nil {
+		t.Fatal(err)
+	}
+	expectDatagrams(t, ep2, [][]byte{[]byte("unicast")})
+	expectNothing(t, ep1)
+
+	// Loopback: a local sender's multicast reaches local members.
+	local := l.bind(t, netip.AddrPortFrom(l.p.A.Addr4(), 0))
+	if err := local.Send([]byte("loop"), dst, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	expectDatagrams(t, ep1, [][]byte{[]byte("loop")})
+
+	// Close releases the membership and the steering entry.
+	if err := ep1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ep2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	flows, err := l.r.Program().Flows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for f := range flows {
+		if f.Dst.Port() == port {
+			t.Errorf("steering entry %v left after close", f)
+		}
+	}
+}
+
+func TestSourceSpecificMulticast(t *testing.T) {
+	l := newLab(t, ring.Config{})
+	// A second address in B is the source we do not want.
+	other := netip.PrefixFrom(l.p.B.Addr4().Next().Next(), 24)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if out, err := l.p.B.NS.Command(ctx, "ip", "addr", "add", other.String(), "dev", l.p.B.Name).CombinedOutput(); err != nil {
+		t.Fatalf("add address: %v: %s", err, out)
+	}
+	group := netip.MustParseAddr("232.1.1.1")
+	ep := l.bind(t, netip.AddrPortFrom(netip.IPv4Unspecified(), 0))
+	if err := ep.JoinGroup(group, l.p.B.Addr4()); err != nil {
+		t.Fatal(err)
+	}
+	dst := netip.AddrPortFrom(group, ep.LocalAddr().Port())
+	wanted := multicastSender(t, l.p.B.NS, l.p.B.Index, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	unwanted := multicastSender(t, l.p.B.NS, l.p.B.Index, netip.AddrPortFrom(other.Addr(), 0))
+	if _, err := unwanted.WriteToUDPAddrPort([]byte("unwanted"), dst); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wanted.WriteToUDPAddrPort([]byte("wanted"), dst); err != nil {
+		t.Fatal(err)
+	}
+	expectDatagrams(t, ep, [][]byte{[]byte("wanted")})
+	expectNothing(t, ep)
+	if err := ep.JoinGroup(netip.MustParseAddr("10.1.1.1"), netip.Addr{}); !errors.Is(err, unix.EINVAL) {
+		t.Fatalf("join a unicast address: %v, want EINVAL", err)
+	}
+}
+
+// TestHeaderOptions: TTL and TOS set on the endpoint appear on the wire.
+func TestHeaderOptions(t *testing.T) {
+	l := newLab(t, ring.Config{})
+	ep := l.bind(t, netip.AddrPortFrom(l.p.A.Addr4(), 0))
+	o := ep.HeaderOptions()
+	if o != ring.DefaultHeaderOptions {
+		t.Fatalf("default options %+v", o)
+	}
+	o.TTL, o.TOS = 7, 0x28
+	ep.SetHeaderOptions(o)
+	recv := kernelUDP(t, l.p.B.NS, "udp4", netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	raw, _ := recv.SyscallConn()
+	_ = raw.Control(func(fd uintptr) {
+		_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTTL, 1)
+		_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTOS, 1)
+	})
+	if err := ep.Send([]byte("ttl"), recv.LocalAddr().(*net.UDPAddr).AddrPort(), time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	_ = recv.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf, oob := make([]byte, 64), make([]byte, 256)
+	_, oobn, _, _, err := recv.ReadMsgUDPAddrPort(buf, oob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[int32]byte{}
+	for _, m := range msgs {
+		if m.Header.Level == unix.IPPROTO_IP && len(m.Data) > 0 {
+			got[m.Header.Type] = m.Data[0]
+		}
+	}
+	if got[unix.IP_TTL] != 7 || got[unix.IP_TOS] != 0x28 {
+		t.Fatalf("received TTL %d TOS %#x, want 7 and 0x28", got[unix.IP_TTL], got[unix.IP_TOS])
+	}
+}
+
+// TestCallerQueues binds over queues in a sealed memfd, with the user side
+// on a second mapping of it, as the daemon and a client do.
+func TestCallerQueues(t *testing.T) {
+	l := newLab(t, ring.Config{})
+	const capacity = 1 << 16
+	size := 2 * shmq.Size(capacity)
+	fd, mem, err := shmq.CreateMemfd("test-queues", size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	defer shmq.Unmap(mem)
+	half := shmq.Size(capacity)
+	if _, err := shmq.Init(mem[:half], capacity); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := shmq.Init(mem[half:], capacity); err != nil {
+		t.Fatal(err)
+	}
+	rxWait, _ := shmq.NewWaiter()
+	txWait, _ := shmq.NewWaiter()
+	ep, err := l.r.Bind(netip.AddrPortFrom(l.p.A.Addr4(), 0), ring.BindOptions{Queues: &ring.Queues{TX: mem[:half], RX: mem[half:], RXWait: rxWait, TXWait: txWait}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	if err := ep.Send([]byte("x"), netip.AddrPortFrom(l.p.B.Addr4(), 9), time.Time{}); !errors.Is(err, unix.EOPNOTSUPP) {
+		t.Fatalf("in-process send on a client endpoint: %v", err)
+	}
+
+	// The "client": its own mapping, its own copies of the eventfds.
+	cmem, err := shmq.MapMemfd(fd, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shmq.Unmap(cmem)
+	ctx, _ := shmq.Attach(cmem[:half])
+	crx, _ := shmq.Attach(cmem[half:])
+	dup := func(w *shmq.Waiter) *shmq.Waiter {
+		nfd, err := unix.Dup(w.FD())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cw, err := shmq.NewWaiterFD(nfd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cw
+	}
+	bell := dup(l.r.Doorbell())
+	defer bell.Close()
+	user := sockq.New(ctx, crx, dup(rxWait), dup(txWait), bell, shmq.Policy{})
+	defer user.Close()
+
+	peer := kernelUDP(t, l.p.B.NS, "udp4", netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	if _, err := user.SendBatch([][]byte{[]byte("from client")}, peer.LocalAddr().(*net.UDPAddr).AddrPort(), time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, from, err := peer.ReadFromUDPAddrPort(buf)
+	if err != nil || string(buf[:n]) != "from client" || from.Port() != ep.LocalAddr().Port() {
+		t.Fatalf("kernel peer got %q from %v: %v", buf[:n], from, err)
+	}
+	if _, err := peer.WriteToUDPAddrPort([]byte("to client"), ep.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	msgs := []sockq.Message{{Buf: make([]byte, 64)}}
+	if _, err := user.RecvBatch(msgs, time.Now().Add(5*time.Second)); err != nil || string(msgs[0].Buf[:msgs[0].N]) != "to client" {
+		t.Fatalf("client received %q: %v", msgs[0].Buf[:msgs[0].N], err)
+	}
+}
