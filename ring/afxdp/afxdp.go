@@ -146,7 +146,7 @@ func open(cfg Config, zeroCopy bool) (_ *Socket, err error) {
 	fd, err := unix.Socket(unix.AF_XDP, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		if errors.Is(err, unix.EAFNOSUPPORT) {
-			return nil, fmt.Errorf("create AF_XDP socket: %w (the kernel lacks CONFIG_XDP_SOCKETS; use --fallback=tap)", err)
+			return nil, fmt.Errorf("create AF_XDP socket: %w (the kernel lacks CONFIG_XDP_SOCKETS: AF_XDP rings cannot run on this kernel)", err)
 		}
 		return nil, fmt.Errorf("create AF_XDP socket: %w (needs CAP_NET_RAW)", err)
 	}
