@@ -1,0 +1,445 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/netlab"
+	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/internal/sockq"
+)
+
+// Test binaries re-executed as client processes get these variables.
+const (
+	envChild  = "BYPASSD_DAEMON_TEST_CHILD" // which child role to play
+	envSocket = "BYPASSD_DAEMON_TEST_SOCKET"
+	envAddr   = "BYPASSD_DAEMON_TEST_ADDR"
+)
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(envChild); role != "" {
+		os.Exit(childMain(role))
+	}
+	os.Exit(m.Run())
+}
+
+// lab is a veth pair with a daemon serving A's end.
+type lab struct {
+	p      *netlab.Pair
+	d      *Daemon
+	cfg    Config
+	served chan error
+	cancel context.CancelFunc
+}
+
+// newLab starts a daemon on a new pair's A end with cfg (Interfaces,
+// paths and small sizes filled in when zero), serving in the background.
+// Cleanup stops it and checks it shut down cleanly.
+func newLab(t *testing.T, cfg Config) *lab {
+	t.Helper()
+	p := netlab.NewPair(t, netlab.Options{})
+	dir := t.TempDir()
+	if cfg.Interfaces == nil {
+		cfg.Interfaces = []Interface{{Name: p.A.Name}}
+	}
+	if cfg.SocketPath == "" {
+		cfg.SocketPath = filepath.Join(dir, "ctl.sock")
+	}
+	if cfg.RunDir == "" {
+		cfg.RunDir = dir
+	}
+	if cfg.StatsDir == "" {
+		cfg.StatsDir = filepath.Join(dir, "stats")
+	}
+	if cfg.QueueBytes == 0 {
+		cfg.QueueBytes = 64 << 10
+	}
+	if cfg.Frames == 0 {
+		cfg.Frames = 256
+	}
+	l := &lab{p: p, cfg: cfg, served: make(chan error, 1)}
+	log := zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
+	err := p.A.NS.Do(func() error {
+		var err error
+		l.d, err = New(cfg, log)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("start daemon: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l.cancel = cancel
+	go func() { l.served <- l.d.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-l.served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		if err := l.d.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		if _, err := os.Stat(cfg.SocketPath); !os.IsNotExist(err) {
+			t.Errorf("socket file left behind: %v", err)
+		}
+	})
+	return l
+}
+
+// stop ends Serve and returns its error.
+func (l *lab) stop() error {
+	l.cancel()
+	err := <-l.served
+	l.served <- err // for the cleanup
+	return err
+}
+
+// flows returns the steering entries of the daemon's first ring.
+func (l *lab) flows(t *testing.T) map[string]bool {
+	t.Helper()
+	fl, err := l.d.Rings()[0].Program().Flows()
+	if err != nil {
+		t.Fatalf("flows: %v", err)
+	}
+	out := map[string]bool{}
+	for f := range fl {
+		out[f.Dst.String()] = true
+	}
+	return out
+}
+
+// kernelUDP opens an ordinary UDP socket inside ns.
+func kernelUDP(t *testing.T, ns *netlab.NS, addr netip.AddrPort) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	err := ns.Do(func() error {
+		var err error
+		c, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(addr))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("kernel socket %v in %s: %v", addr, ns.Name, err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// client is a raw control-protocol client (no shim).
+type client struct {
+	c   *ctlproto.Conn
+	req uint32
+}
+
+func dialClient(path string) (*client, error) {
+	c, err := ctlproto.Dial(path)
+	if err != nil {
+		return nil, err
+	}
+	return &client{c: c}, nil
+}
+
+func newClient(t *testing.T, path string) *client {
+	t.Helper()
+	c, err := dialClient(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.c.Close() })
+	return c
+}
+
+// reply is one reply with its descriptors.
+type reply struct {
+	h   ctlproto.Header
+	m   ctlproto.Message
+	fds []int
+}
+
+// call sends a request and waits for its reply.
+func (c *client) call(code ctlproto.Code, sock uint32, body ctlproto.Message) (reply, error) {
+	c.req++
+	h := ctlproto.Header{Code: code, ReqID: c.req, Socket: sock}
+	if err := c.c.Send(h, body); err != nil {
+		return reply{}, err
+	}
+	return c.recv(h)
+}
+
+// recv reads the reply to h.
+func (c *client) recv(h ctlproto.Header) (reply, error) {
+	_ = c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	rh, m, fds, err := c.c.Recv()
+	if err != nil {
+		return reply{}, err
+	}
+	r := reply{h: rh, m: m, fds: fds}
+	if rh.Code != h.Code|ctlproto.ReplyBit || rh.ReqID != h.ReqID {
+		closeAll(fds)
+		return r, fmt.Errorf("reply %v req %d to %v req %d", rh.Code, rh.ReqID, h.Code, h.ReqID)
+	}
+	return r, nil
+}
+
+// ok calls and requires success.
+func (c *client) ok(code ctlproto.Code, sock uint32, body ctlproto.Message) (reply, error) {
+	r, err := c.call(code, sock, body)
+	if err == nil && r.h.Status != 0 {
+		err = fmt.Errorf("%v: %w", code, r.h.Status)
+	}
+	return r, err
+}
+
+func (c *client) hello() (*ctlproto.HelloReply, error) {
+	r, err := c.ok(ctlproto.CodeHello, 0, ctlproto.NewHello("daemon-test"))
+	if err != nil {
+		return nil, err
+	}
+	return r.m.(*ctlproto.HelloReply), nil
+}
+
+// clientSocket is an opened socket as a client sees it.
+type clientSocket struct {
+	id    uint32
+	reply *ctlproto.OpenReply
+	mem   []byte
+	conn  *sockq.Conn
+}
+
+func (s *clientSocket) close() {
+	if s.conn != nil {
+		s.conn.Close()
+	}
+	if s.mem != nil {
+		_ = shmq.Unmap(s.mem)
+	}
+}
+
+// open opens a socket and sets up its user side from the received fds:
+// the memfd mapped and both queues attached, the three eventfds wrapped.
+func (c *client) open(family uint16, queueBytes uint32) (*clientSocket, error) {
+	r, err := c.ok(ctlproto.CodeOpen, 0, ctlproto.Open{Family: family, Type: unix.SOCK_DGRAM, QueueBytes: queueBytes})
+	if err != nil {
+		return nil, err
+	}
+	or := r.m.(*ctlproto.OpenReply)
+	if len(r.fds) != ctlproto.FDsOpen {
+		closeAll(r.fds)
+		return nil, fmt.Errorf("OPEN reply carries %d fds", len(r.fds))
+	}
+	s := &clientSocket{id: r.h.Socket, reply: or}
+	mem, err := shmq.MapMemfd(r.fds[ctlproto.FDMemfd], int(or.MemfdSize))
+	unix.Close(r.fds[ctlproto.FDMemfd])
+	if err != nil {
+		closeAll(r.fds[1:])
+		return nil, fmt.Errorf("map memfd: %w", err)
+	}
+	s.mem = mem
+	qs := uint64(shmq.Size(int(or.QueueBytes)))
+	tx, err := shmq.Attach(mem[or.TXOffset : or.TXOffset+qs])
+	if err != nil {
+		closeAll(r.fds[1:])
+		s.close()
+		return nil, fmt.Errorf("attach TX: %w", err)
+	}
+	rx, err := shmq.Attach(mem[or.RXOffset : or.RXOffset+qs])
+	if err != nil {
+		closeAll(r.fds[1:])
+		s.close()
+		return nil, fmt.Errorf("attach RX: %w", err)
+	}
+	var w [3]*shmq.Waiter
+	for i, fd := range r.fds[1:] {
+		if w[i], err = shmq.NewWaiterFD(fd); err != nil {
+			for _, fd := range r.fds[i+2:] {
+				unix.Close(fd)
+			}
+			for _, x := range w[:i] {
+				_ = x.Close()
+			}
+			s.close()
+			return nil, fmt.Errorf("eventfd %d: %w", i+1, err)
+		}
+	}
+	s.conn = sockq.New(tx, rx, w[0], w[1], w[2], shmq.Policy{})
+	return s, nil
+}
+
+func (c *client) bind(s *clientSocket, addr netip.AddrPort, reuse bool) (netip.AddrPort, error) {
+	r, err := c.ok(ctlproto.CodeBind, s.id, ctlproto.Bind{Addr: addr, ReuseAddr: reuse})
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	return r.m.(*ctlproto.BindReply).Addr, nil
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// rawConn sends hand-made packets, for what ctlproto.Conn refuses to send.
+type rawConn struct{ fd int }
+
+func dialRaw(t *testing.T, path string) *rawConn {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		t.Fatal(err)
+	}
+	tv := unix.NsecToTimeval((10 * time.Second).Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	return &rawConn{fd: fd}
+}
+
+func (r *rawConn) send(t *testing.T, b []byte) {
+	t.Helper()
+	if _, err := unix.Write(r.fd, b); err != nil {
+		t.Fatalf("send: %v", err)
+	}
+}
+
+// recv returns the next packet decoded, or io.EOF when the daemon closed
+// the connection.
+func (r *rawConn) recv(t *testing.T) (ctlproto.Header, ctlproto.Message, error) {
+	t.Helper()
+	b := make([]byte, ctlproto.MaxMessage)
+	n, err := unix.Read(r.fd, b)
+	if err != nil {
+		t.Fatalf("receive: %v", err)
+	}
+	if n == 0 {
+		return ctlproto.Header{}, nil, io.EOF
+	}
+	h, m, err := ctlproto.Unmarshal(b[:n])
+	if err != nil {
+		t.Fatalf("undecodable reply % x: %v", b[:n], err)
+	}
+	return h, m, nil
+}
+
+func marshal(t *testing.T, h ctlproto.Header, body ctlproto.Message) []byte {
+	t.Helper()
+	b, err := ctlproto.Marshal(nil, h, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// child runs this test binary as a client process playing role.
+type child struct {
+	cmd *exec.Cmd
+	out *bufio.Reader
+	err *strings.Builder
+}
+
+// startChild starts role with the given environment and credentials (nil:
+// ours). bin is the binary to run (the test binary or a copy of it).
+func startChild(t *testing.T, bin, role string, env []string, cred *syscall.Credential) *child {
+	t.Helper()
+	cmd := exec.Command(bin, "-test.run=^$")
+	cmd.Env = append(os.Environ(), append(env, envChild+"="+role)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, out: bufio.NewReader(stdout), err: &strings.Builder{}}
+	cmd.Stderr = c.err
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start child %s: %v", role, err)
+	}
+	t.Cleanup(func() {
+		_ = stdin.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return c
+}
+
+// line reads the child's next output line.
+func (c *child) line(t *testing.T) string {
+	t.Helper()
+	s, err := c.out.ReadString('\n')
+	if err != nil {
+		_ = c.cmd.Process.Kill()
+		_ = c.cmd.Wait()
+		t.Fatalf("child output: %v (stderr: %s)", err, c.err.String())
+	}
+	return strings.TrimSpace(s)
+}
+
+// childMain runs a client role in a re-executed test binary; its exit code
+// and stdout lines are what the parent test checks.
+func childMain(role string) int {
+	fail := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "child %s: %s\n", role, fmt.Sprintf(format, args...))
+		return 1
+	}
+	c, err := dialClient(os.Getenv(envSocket))
+	if err != nil {
+		return fail("dial: %v", err)
+	}
+	if _, err := c.hello(); err != nil {
+		return fail("hello: %v", err)
+	}
+	addr, err := netip.ParseAddr(os.Getenv(envAddr))
+	if err != nil {
+		return fail("address: %v", err)
+	}
+	s, err := c.open(unix.AF_INET, 0)
+	if err != nil {
+		return fail("open: %v", err)
+	}
+	switch role {
+	case "privport":
+		// An unprivileged client cannot bind port 80 ...
+		r, err := c.call(ctlproto.CodeBind, s.id, ctlproto.Bind{Addr: netip.AddrPortFrom(addr, 80)})
+		if err != nil || r.h.Status != unix.EACCES {
+			return fail("bind port 80: status %v, %v; want EACCES", r.h.Status, err)
+		}
+		// ... but gets acceleration on an ordinary port.
+		got, err := c.bind(s, netip.AddrPortFrom(addr, 0), false)
+		if err != nil || got.Port() < privilegedPortLimit {
+			return fail("bind port 0: %v, %v", got, err)
+		}
+		fmt.Println("ok")
+		return 0
+	case "hold":
+		// Bind, say where, then hold everything until killed.
+		got, err := c.bind(s, netip.AddrPortFrom(addr, 0), false)
+		if err != nil {
+			return fail("bind: %v", err)
+		}
+		fmt.Println(got.Port())
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		return 0
+	}
+	return fail("unknown role")
+}
