@@ -400,3 +400,19 @@ func TestWildcardBindAndEcho(t *testing.T) {
 		}
 	}
 }
+
+// TestMain checks, after every test has run and cleaned up, that no
+// namespace of this process's labs is left (with them go their links and
+// XDP programs).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	entries, _ := os.ReadDir("/run/netns")
+	mine := fmt.Sprintf("%s%d-", netlab.Prefix, os.Getpid())
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), mine) {
+			fmt.Fprintf(os.Stderr, "leftover network namespace %s\n", e.Name())
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
