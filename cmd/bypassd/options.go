@@ -1,0 +1,390 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+
+	"github.com/bypassd/bypassd/bpf"
+	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/internal/ctlproto"
+)
+
+// options is everything the command line, the environment and the config
+// file decided.
+type options struct {
+	cfg       daemon.Config
+	logLevel  zapcore.Level
+	logFormat string
+	version   bool
+}
+
+// setting is one option: a long flag (also its config-file key), maybe a
+// short flag, and its environment variable.
+type setting struct {
+	name, short, env string
+	def              string // as shown in --help
+	arg              string // argument placeholder in --help
+	usage            string
+	// multi settings may be given several times (values accumulate); in
+	// the environment and the config file they are comma-separated.
+	multi bool
+	apply func(o *options, v string) error
+}
+
+// envName derives a setting's environment variable (VMA habit: one
+// BYPASSD_* variable per knob).
+func envName(flag string) string {
+	return "BYPASSD_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+var settings = []setting{
+	{name: "interface", short: "i", env: "BYPASSD_INTERFACES", arg: "IFACE[:QUEUE]", def: "(required)", multi: true,
+		usage: "interface queue to accelerate; repeat for more (env: comma-separated)",
+		apply: func(o *options, v string) error {
+			it, err := daemon.ParseInterface(v)
+			if err != nil {
+				return err
+			}
+			o.cfg.Interfaces = append(o.cfg.Interfaces, it)
+			return nil
+		}},
+	{name: "socket", arg: "PATH", def: ctlproto.DefaultPath,
+		usage: "control socket clients connect to",
+		apply: func(o *options, v string) error { o.cfg.SocketPath = v; return nil }},
+	{name: "socket-mode", arg: "MODE", def: "0660",
+		usage: "permission bits of the control socket (octal)",
+		apply: func(o *options, v string) error {
+			m, err := strconv.ParseUint(v, 8, 32)
+			if err != nil || m > 0o777 {
+				return fmt.Errorf("%q is not an octal mode 0..0777 (e.g. 0660)", v)
+			}
+			if m == 0 {
+				return errors.New("mode 0 would lock everybody out (use e.g. 0600)")
+			}
+			o.cfg.SocketMode = os.FileMode(m)
+			return nil
+		}},
+	{name: "socket-group", arg: "NAME|GID", def: "(the daemon's group)",
+		usage: "group of the control socket: its members may use bypassd",
+		apply: func(o *options, v string) error { o.cfg.SocketGroup = v; return nil }},
+	{name: "stats-dir", arg: "DIR", def: daemon.DefaultStatsDir,
+		usage: "directory of per-process stats files",
+		apply: func(o *options, v string) error { o.cfg.StatsDir = v; return nil }},
+	{name: "run-dir", arg: "DIR", def: daemon.DefaultRunDir,
+		usage: "directory of the per-interface lock files",
+		apply: func(o *options, v string) error { o.cfg.RunDir = v; return nil }},
+	{name: "rx-poll", arg: "µs", def: "0",
+		usage: "how long clients spin on an empty queue before sleeping (-1: forever, 0: never)",
+		apply: func(o *options, v string) (err error) { o.cfg.RXPoll, err = parsePoll(v); return err }},
+	{name: "engine-poll", arg: "µs", def: "0",
+		usage: "how long an idle ring engine spins before sleeping (-1: forever, 0: never)",
+		apply: func(o *options, v string) (err error) { o.cfg.EnginePoll, err = parsePoll(v); return err }},
+	{name: "queue-bytes", arg: "SIZE", def: "1M",
+		usage: "default size of each socket queue, per direction (power of two, 4K..16M)",
+		apply: func(o *options, v string) error {
+			n, err := parseSize(v)
+			if err != nil {
+				return err
+			}
+			if n > math.MaxInt32 {
+				return fmt.Errorf("%s is too large", v)
+			}
+			o.cfg.QueueBytes = int(n)
+			return nil
+		}},
+	{name: "max-sockets", arg: "N", def: strconv.Itoa(daemon.DefaultMaxSockets),
+		usage: "most sockets one client connection may open",
+		apply: func(o *options, v string) (err error) { o.cfg.MaxSockets, err = parseCount(v); return err }},
+	{name: "max-queue-memory", arg: "SIZE", def: "256M",
+		usage: "most queue memory one client connection may use",
+		apply: func(o *options, v string) error {
+			n, err := parseSize(v)
+			o.cfg.MaxQueueMemory = n
+			return err
+		}},
+	{name: "frames", arg: "N", def: strconv.Itoa(daemon.DefaultFrames),
+		usage: "UMEM frames per ring (power of two, at least 64)",
+		apply: func(o *options, v string) (err error) { o.cfg.Frames, err = parseCount(v); return err }},
+	{name: "xdp-mode", arg: "MODE", def: "auto",
+		usage: "XDP attach mode: auto (native, else generic), native or generic",
+		apply: func(o *options, v string) error {
+			m, ok := map[string]bpf.AttachMode{"auto": bpf.ModeAuto, "native": bpf.ModeNative, "generic": bpf.ModeGeneric}[v]
+			if !ok {
+				return fmt.Errorf("%q: want auto, native or generic", v)
+			}
+			o.cfg.XDPMode = m
+			return nil
+		}},
+	{name: "cpus", arg: "LIST", def: "(no pinning)",
+		usage: "CPUs the ring engine threads run on, e.g. 2,3 or 2-5",
+		apply: func(o *options, v string) (err error) { o.cfg.CPUs, err = parseCPUList(v); return err }},
+	{name: "log-level", arg: "LEVEL", def: "info",
+		usage: "debug, info, warn or error",
+		apply: func(o *options, v string) error {
+			switch v {
+			case "debug", "info", "warn", "error":
+			default:
+				return fmt.Errorf("%q: want debug, info, warn or error", v)
+			}
+			return o.logLevel.Set(v)
+		}},
+	{name: "log-format", arg: "FORMAT", def: "json",
+		usage: "json or console",
+		apply: func(o *options, v string) error {
+			if v != "json" && v != "console" {
+				return fmt.Errorf("%q: want json or console", v)
+			}
+			o.logFormat = v
+			return nil
+		}},
+}
+
+func init() {
+	for i := range settings {
+		if settings[i].env == "" {
+			settings[i].env = envName(settings[i].name)
+		}
+	}
+}
+
+// usageError is a mistake in the command line, environment or config file
+// (exit status 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// value is one raw value and where it came from, for error messages.
+type value struct {
+	v, from string
+}
+
+// parseOptions combines the sources with precedence flag > environment >
+// config file > default. It returns flag.ErrHelp for --help.
+func parseOptions(args []string, getenv func(string) string) (*options, error) {
+	o := &options{logLevel: zapcore.InfoLevel, logFormat: "json"}
+	fs := flag.NewFlagSet("bypassd", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	fromFlags := map[string][]value{}
+	for _, s := range settings {
+		s := s
+		add := func(v string) error {
+			if !s.multi && len(fromFlags[s.name]) > 0 {
+				return fmt.Errorf("given twice")
+			}
+			fromFlags[s.name] = append(fromFlags[s.name], value{v, "--" + s.name})
+			return nil
+		}
+		fs.Func(s.name, s.usage, add)
+		if s.short != "" {
+			fs.Func(s.short, s.usage, add)
+		}
+	}
+	configPath := fs.String("config", "", "")
+	fs.BoolVar(&o.version, "version", false, "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: "); ok {
+			name = strings.TrimLeft(name, "-")
+			if len(name) > 1 {
+				name = "-" + name
+			}
+			return nil, usagef("unknown option -%s", name)
+		}
+		return nil, usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return nil, usagef("unexpected argument %q (options start with --)", fs.Arg(0))
+	}
+	if o.version {
+		return o, nil
+	}
+	path := *configPath
+	if path == "" {
+		path = getenv("BYPASSD_CONFIG")
+	}
+	var fromFile map[string][]value
+	if path != "" {
+		var err error
+		if fromFile, err = readConfigFile(path); err != nil {
+			return nil, err
+		}
+	}
+	for _, s := range settings {
+		vals := fromFlags[s.name]
+		if len(vals) == 0 {
+			if env := getenv(s.env); env != "" {
+				vals = splitValue(s, value{env, s.env})
+			}
+		}
+		if len(vals) == 0 {
+			for _, fv := range fromFile[s.name] {
+				vals = append(vals, splitValue(s, fv)...)
+			}
+		}
+		for _, v := range vals {
+			if err := s.apply(o, v.v); err != nil {
+				return nil, usagef("%s %q: %v", v.from, v.v, err)
+			}
+		}
+	}
+	if err := o.cfg.Validate(); err != nil {
+		return nil, usageError{err}
+	}
+	return o, nil
+}
+
+// splitValue splits a multi setting's comma-separated value.
+func splitValue(s setting, v value) []value {
+	if !s.multi {
+		return []value{v}
+	}
+	var out []value
+	for _, part := range strings.Split(v.v, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, value{part, v.from})
+		}
+	}
+	return out
+}
+
+// readConfigFile reads `key = value` lines (keys are the long flag names;
+// # starts a comment).
+func readConfigFile(path string) (map[string][]value, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, usagef("config file: %v", err)
+	}
+	defer f.Close()
+	out := map[string][]value{}
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		key, val, ok := strings.Cut(line, "=")
+		key, val = strings.TrimSpace(key), strings.TrimSpace(val)
+		where := fmt.Sprintf("%s:%d", path, n)
+		if !ok || key == "" {
+			return nil, usagef("%s: want `key = value`, got %q", where, line)
+		}
+		i := slices.IndexFunc(settings, func(s setting) bool { return s.name == key })
+		if i < 0 {
+			return nil, usagef("%s: unknown setting %q (settings are the long option names, e.g. interface, socket, rx-poll)", where, key)
+		}
+		if !settings[i].multi && len(out[key]) > 0 {
+			return nil, usagef("%s: %s given twice (first at %s)", where, key, out[key][0].from)
+		}
+		out[key] = append(out[key], value{val, where})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, usagef("config file %s: %v", path, err)
+	}
+	return out, nil
+}
+
+// parsePoll reads microseconds: -1 (forever) or a non-negative count.
+func parsePoll(v string) (time.Duration, error) {
+	n, err := strconv.ParseInt(v, 10, 32)
+	if err != nil || n < -1 {
+		return 0, fmt.Errorf("want microseconds: -1 (spin forever), 0 (never spin) or a positive number")
+	}
+	if n < 0 {
+		return -1, nil
+	}
+	return time.Duration(n) * time.Microsecond, nil
+}
+
+func parseCount(v string) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("want a positive number")
+	}
+	return n, nil
+}
+
+// parseSize reads bytes with an optional binary suffix: K/KiB, M/MiB, G/GiB.
+func parseSize(v string) (int64, error) {
+	s := strings.TrimSpace(v)
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
+		if rest, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = rest, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || n <= 0 || n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("want a size in bytes, optionally with K, M or G (binary), e.g. 1M")
+	}
+	return n * mult, nil
+}
+
+// parseCPUList reads a list like "0,2-3".
+func parseCPUList(v string) ([]int, error) {
+	var cpus []int
+	for _, part := range strings.Split(v, ",") {
+		part = strings.TrimSpace(part)
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		b := a
+		if err == nil && isRange {
+			b, err = strconv.Atoi(hi)
+		}
+		if err != nil || a < 0 || b < a || b >= 1<<16 {
+			return nil, fmt.Errorf("%q is not a CPU or range (want a list like 0,2-3)", part)
+		}
+		for c := a; c <= b; c++ {
+			if !slices.Contains(cpus, c) {
+				cpus = append(cpus, c)
+			}
+		}
+	}
+	return cpus, nil
+}
+
+// printUsage writes --help.
+func printUsage(w io.Writer) {
+	fmt.Fprint(w, `Usage: bypassd --interface IFACE[:QUEUE] [options]
+
+bypassd owns the AF_XDP rings of the given interface queues and serves
+applications that use its socket library over a Unix control socket.
+
+Options (each also an environment variable and a config-file key;
+precedence: option > environment > config file > default):
+`)
+	for _, s := range settings {
+		name := "--" + s.name
+		if s.short != "" {
+			name = "-" + s.short + ", " + name
+		}
+		fmt.Fprintf(w, "  %-30s %s\n", name+" "+s.arg, s.usage)
+		fmt.Fprintf(w, "  %-30s default %s; env %s\n", "", s.def, s.env)
+	}
+	fmt.Fprintf(w, "  %-30s %s\n", "--config FILE", "read `key = value` lines (keys: the option names above); env BYPASSD_CONFIG")
+	fmt.Fprintf(w, "  %-30s %s\n", "--version", "print the version and exit")
+	fmt.Fprint(w, `
+SIGTERM or SIGINT shuts down gracefully (clients are told, rings closed,
+XDP detached, files removed); a second signal exits at once.
+`)
+}

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+
+	"github.com/bypassd/bypassd/bpf"
+	"github.com/bypassd/bypassd/daemon"
+)
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func writeConfig(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "bypassd.conf")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestOptionsAll(t *testing.T) {
+	o, err := parseOptions([]string{
+		"-i", "eth1", "--interface", "eth2:3", "--socket", "/tmp/x.sock", "--socket-mode", "0600",
+		"--socket-group", "0", "--stats-dir", "/tmp/st", "--run-dir", "/tmp/run", "--rx-poll", "-1",
+		"--engine-poll", "50", "--queue-bytes", "256K", "--max-sockets", "10", "--max-queue-memory", "1GiB",
+		"--frames", "1024", "--xdp-mode", "generic", "--cpus", "1,3-4", "--log-level", "debug", "--log-format", "console",
+	}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := o.cfg
+	want := []daemon.Interface{{Name: "eth1"}, {Name: "eth2", Queue: 3}}
+	if !slices.Equal(c.Interfaces, want) || c.SocketPath != "/tmp/x.sock" || c.SocketMode != 0o600 ||
+		c.SocketGroup != "0" || c.StatsDir != "/tmp/st" || c.RunDir != "/tmp/run" || c.RXPoll >= 0 ||
+		c.EnginePoll != 50*time.Microsecond || c.QueueBytes != 256<<10 || c.MaxSockets != 10 ||
+		c.MaxQueueMemory != 1<<30 || c.Frames != 1024 || c.XDPMode != bpf.ModeGeneric ||
+		!slices.Equal(c.CPUs, []int{1, 3, 4}) || o.logLevel != zapcore.DebugLevel || o.logFormat != "console" {
+		t.Errorf("parsed %+v (level %v format %s)", c, o.logLevel, o.logFormat)
+	}
+}
+
+func TestOptionsDefaults(t *testing.T) {
+	o, err := parseOptions([]string{"-i", "eth1"}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Zero fields mean the daemon's defaults.
+	if o.cfg.SocketPath != "" || o.cfg.QueueBytes != 0 || o.cfg.RXPoll != 0 || o.logLevel != zapcore.InfoLevel || o.logFormat != "json" {
+		t.Errorf("defaults: %+v", o)
+	}
+}
+
+func TestOptionsPrecedence(t *testing.T) {
+	file := writeConfig(t, `
+# a comment
+interface = eth5, eth6:1
+interface = eth7
+rx-poll = 10
+queue-bytes = 64K
+socket = /tmp/file.sock
+log-level = warn
+`)
+	e := map[string]string{"BYPASSD_RX_POLL": "20", "BYPASSD_SOCKET": "/tmp/env.sock"}
+	o, err := parseOptions([]string{"--config", file, "--socket", "/tmp/flag.sock"}, env(e))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(o.cfg.Interfaces, []daemon.Interface{{Name: "eth5"}, {Name: "eth6", Queue: 1}, {Name: "eth7"}}) {
+		t.Errorf("interfaces from the file: %v", o.cfg.Interfaces)
+	}
+	if o.cfg.SocketPath != "/tmp/flag.sock" {
+		t.Errorf("flag must beat env and file: %s", o.cfg.SocketPath)
+	}
+	if o.cfg.RXPoll != 20*time.Microsecond {
+		t.Errorf("env must beat file: %v", o.cfg.RXPoll)
+	}
+	if o.cfg.QueueBytes != 64<<10 || o.logLevel != zapcore.WarnLevel {
+		t.Errorf("file values: %d %v", o.cfg.QueueBytes, o.logLevel)
+	}
+	// Environment interfaces replace the file's; flags replace both.
+	e["BYPASSD_INTERFACES"] = "veth1,veth2:0"
+	o, err = parseOptions([]string{"--config", file}, env(e))
+	if err != nil || !slices.Equal(o.cfg.Interfaces, []daemon.Interface{{Name: "veth1"}, {Name: "veth2"}}) {
+		t.Errorf("env interfaces: %v %v", o.cfg.Interfaces, err)
+	}
+	o, err = parseOptions([]string{"--config", file, "-i", "veth9"}, env(e))
+	if err != nil || !slices.Equal(o.cfg.Interfaces, []daemon.Interface{{Name: "veth9"}}) {
+		t.Errorf("flag interfaces: %v %v", o.cfg.Interfaces, err)
+	}
+	// BYPASSD_CONFIG names the file when --config does not.
+	o, err = parseOptions(nil, env(map[string]string{"BYPASSD_CONFIG": file}))
+	if err != nil || o.cfg.SocketPath != "/tmp/file.sock" {
+		t.Errorf("BYPASSD_CONFIG: %v %v", o, err)
+	}
+}
+
+func TestOptionErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		file string
+		err  string
+	}{
+		{args: []string{"--bogus"}, err: "unknown option --bogus"},
+		{args: []string{"-x"}, err: "unknown option -x"},
+		{args: []string{"-i", "eth1", "extra"}, err: `unexpected argument "extra"`},
+		{args: nil, err: "no interface configured"},
+		{args: []string{"-i", "eth1:q"}, err: "not a number"},
+		{args: []string{"-i", "eth1", "--socket-mode", "999"}, err: "octal mode"},
+		{args: []string{"-i", "eth1", "--socket-mode", "0"}, err: "lock everybody out"},
+		{args: []string{"-i", "eth1", "--rx-poll", "-2"}, err: "microseconds"},
+		{args: []string{"-i", "eth1", "--queue-bytes", "1000"}, err: "power of two"},
+		{args: []string{"-i", "eth1", "--queue-bytes", "1X"}, err: "size in bytes"},
+		{args: []string{"-i", "eth1", "--max-sockets", "0"}, err: "positive number"},
+		{args: []string{"-i", "eth1", "--frames", "100"}, err: "power of two"},
+		{args: []string{"-i", "eth1", "--xdp-mode", "fast"}, err: "auto, native or generic"},
+		{args: []string{"-i", "eth1", "--cpus", "3-1"}, err: "CPU or range"},
+		{args: []string{"-i", "eth1", "--log-level", "loud"}, err: "debug, info, warn or error"},
+		{args: []string{"-i", "eth1", "--log-format", "xml"}, err: "json or console"},
+		{args: []string{"-i", "eth1", "--socket", "a", "--socket", "b"}, err: "given twice"},
+		{args: []string{"-i", "eth1", "--socket-group", "no-such-group-bypassd"}, err: "groupadd"},
+		{env: map[string]string{"BYPASSD_INTERFACES": "eth1", "BYPASSD_MAX_QUEUE_MEMORY": "lots"}, err: `BYPASSD_MAX_QUEUE_MEMORY "lots"`},
+		{args: []string{"--config", "/nonexistent/bypassd.conf"}, err: "no such file"},
+		{file: "interface = eth1\nbogus = 1\n", err: `:2: unknown setting "bogus"`},
+		{file: "interface eth1\n", err: ":1: want `key = value`"},
+		{file: "interface = eth1\nsocket = /a\nsocket = /b\n", err: "socket given twice"},
+		{file: "interface = eth1\nframes = many\n", err: `:2 "many": want a positive number`},
+	} {
+		args := tc.args
+		if tc.file != "" {
+			args = append(args, "--config", writeConfig(t, tc.file))
+		}
+		_, err := parseOptions(args, env(tc.env))
+		if err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%v %v %q: %v; want error containing %q", tc.args, tc.env, tc.file, err, tc.err)
+		}
+	}
+}
+
+func TestParseHelpers(t *testing.T) {
+	for in, want := range map[string]int64{"4096": 4096, "4K": 4096, "4KiB": 4096, "1M": 1 << 20, "2 MiB": 2 << 20, "1G": 1 << 30} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v", in, got, err)
+		}
+	}
+	for _, in := range []string{"", "0", "-1", "K", "1T", "99999999999G"} {
+		if _, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q): no error", in)
+		}
+	}
+	if got, err := parseCPUList("0, 2-3,2"); err != nil || !slices.Equal(got, []int{0, 2, 3}) {
+		t.Errorf("parseCPUList = %v, %v", got, err)
+	}
+	for _, in := range []string{"", "a", "1-", "-1", "2-1"} {
+		if _, err := parseCPUList(in); err == nil {
+			t.Errorf("parseCPUList(%q): no error", in)
+		}
+	}
+	if d, err := parsePoll("-1"); err != nil || d >= 0 {
+		t.Errorf("parsePoll(-1) = %v, %v", d, err)
+	}
+	if envName("max-queue-memory") != "BYPASSD_MAX_QUEUE_MEMORY" {
+		t.Error(envName("max-queue-memory"))
+	}
+}
+
+func TestRunUsageAndVersion(t *testing.T) {
+	var out, errb bytes.Buffer
+	if rc := run([]string{"--help"}, env(nil), &out, &errb); rc != 0 || !strings.Contains(out.String(), "--interface") ||
+		!strings.Contains(out.String(), "BYPASSD_RX_POLL") {
+		t.Errorf("--help: %d %q", rc, out.String())
+	}
+	out.Reset()
+	if rc := run([]string{"--version"}, env(nil), &out, &errb); rc != 0 || !strings.HasPrefix(out.String(), "bypassd ") {
+		t.Errorf("--version: %d %q", rc, out.String())
+	}
+	errb.Reset()
+	if rc := run([]string{"--frames", "7", "-i", "eth1"}, env(nil), &out, &errb); rc != 2 ||
+		!strings.Contains(errb.String(), "power of two") || !strings.Contains(errb.String(), "bypassd --help") {
+		t.Errorf("bad value: %d %q", rc, errb.String())
+	}
+	// Every setting is listed with its environment variable.
+	out.Reset()
+	printUsage(&out)
+	for _, s := range settings {
+		if !strings.Contains(out.String(), "--"+s.name) || !strings.Contains(out.String(), s.env) {
+			t.Errorf("--help lacks %s / %s", s.name, s.env)
+		}
+	}
+}
