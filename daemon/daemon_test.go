@@ -596,6 +596,9 @@ func TestKilledClientReleasesEverything(t *testing.T) {
 	if last != nil {
 		t.Fatalf("one second after kill -9: %v", last)
 	}
+	if fl := l.flows(t); len(fl) != 0 {
+		t.Errorf("flows left after the client died: %v", fl)
+	}
 	for deadline := time.Now().Add(5 * time.Second); l.d.Sessions() != 0 && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -711,4 +714,37 @@ func TestSecondDaemonRefused(t *testing.T) {
 	if _, err := c.hello(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// manySockets is how many sockets the hold-many child binds (the issue's
+// "1,000 sockets in one client").
+const manySockets = 1000
+
+func TestManySocketsReleasedOnKill(t *testing.T) {
+	t.Parallel()
+	l := newLab(t, Config{QueueBytes: 4096})
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := []string{envSocket + "=" + l.cfg.SocketPath, envAddr + "=" + l.p.A.Addr4().String()}
+	ch := startChild(t, self, "hold-many", env, nil)
+	if got := ch.line(t); got != "bound" {
+		t.Fatalf("child: %q (stderr: %s)", got, ch.err.String())
+	}
+	if n := len(l.flows(t)); n != manySockets {
+		t.Fatalf("%d flows for %d bound sockets", n, manySockets)
+	}
+	start := time.Now()
+	if err := ch.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = ch.cmd.Wait()
+	for len(l.flows(t)) != 0 && time.Since(start) < time.Second {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := len(l.flows(t)); n != 0 {
+		t.Fatalf("%d of %d flows left one second after kill -9", n, manySockets)
+	}
+	t.Logf("%d sockets released %v after kill -9", manySockets, time.Since(start))
 }

@@ -440,6 +440,22 @@ func childMain(role string) int {
 		fmt.Println(got.Port())
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		return 0
+	case "hold-many":
+		// manySockets bound sockets (the first one opened above), then
+		// hold them until killed.
+		for i := 0; i < manySockets; i++ {
+			if i > 0 {
+				if s, err = c.open(unix.AF_INET, 4096); err != nil {
+					return fail("open %d: %v", i, err)
+				}
+			}
+			if _, err := c.bind(s, netip.AddrPortFrom(addr, 0), false); err != nil {
+				return fail("bind %d: %v", i, err)
+			}
+		}
+		fmt.Println("bound")
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		return 0
 	}
 	return fail("unknown role")
 }

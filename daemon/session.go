@@ -232,14 +232,38 @@ func (s *session) onHello(h ctlproto.Header, msg ctlproto.Message) bool {
 	})
 }
 
-// release closes every socket of the session and the connection.
+// releaseWorkers bounds the goroutines closing a finished session's
+// sockets.
+const releaseWorkers = 256
+
+// release closes every socket of the session and the connection. Sockets
+// close in parallel: each endpoint Close waits for an engine iteration, and
+// concurrent closes share those waits, so a client with a thousand sockets
+// is released well within the promised second.
 func (s *session) release() {
-	n := len(s.sockets)
-	for _, k := range s.sockets {
-		s.closeSocket(k)
-	}
 	_ = s.conn.Close()
-	if n > 0 {
-		s.log.Debug("session ended; sockets released", zap.Int("sockets", n))
+	n := len(s.sockets)
+	if n == 0 {
+		return
 	}
+	start := time.Now()
+	work := make(chan *socket)
+	var wg sync.WaitGroup
+	for i := 0; i < min(n, releaseWorkers); i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range work {
+				k.close()
+			}
+		}()
+	}
+	for _, k := range s.sockets {
+		work <- k
+	}
+	close(work)
+	wg.Wait()
+	clear(s.sockets)
+	s.queueMem = 0
+	s.log.Debug("session ended; sockets released", zap.Int("sockets", n), zap.Duration("took", time.Since(start)))
 }

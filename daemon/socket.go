@@ -25,8 +25,9 @@ type socket struct {
 	mem    []byte
 	tx, rx []byte
 	// rxWait and txWait are the daemon's ends of the eventfds the client
-	// sleeps on. Each bind hands the endpoint duplicates, so a failed bind
-	// (which closes what it was given) leaves these usable.
+	// sleeps on, until the socket is bound. A bind hands the endpoint
+	// duplicates, so a failed bind (which closes what it was given) leaves
+	// these usable for the next attempt; a successful one closes them.
 	rxWait, txWait *shmq.Waiter
 	// home is the ring whose doorbell the client got at OPEN; the socket
 	// can bind on it only.
@@ -262,6 +263,11 @@ func (s *session) bind(k *socket, addr netip.AddrPort, reuse bool) (netip.AddrPo
 	}
 	k.pending = nil
 	k.ep = ep
+	// The endpoint owns its duplicates now and a bound socket never binds
+	// again: drop the originals rather than hold two fds per socket.
+	_ = k.rxWait.Close()
+	_ = k.txWait.Close()
+	k.rxWait, k.txWait = nil, nil
 	s.log.Debug("socket bound", zap.Uint32("socket", k.id), zap.Stringer("addr", ep.LocalAddr()), zap.String("ring", ri.it.String()))
 	return ep.LocalAddr(), nil
 }
