@@ -325,7 +325,7 @@ func TestSocketOptions(t *testing.T) {
 		{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL, le32(-2), unix.EINVAL},
 		{unix.SOL_SOCKET, unix.SO_REUSEADDR, []byte{1}, unix.EINVAL},
 		{unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE, le32(1000), unix.EOPNOTSUPP},
-		{unix.SOL_SOCKET, unix.SO_RCVBUF, le32(1 << 20), unix.EOPNOTSUPP},
+		{unix.SOL_SOCKET, unix.SO_RCVBUF, []byte{1, 2}, unix.EINVAL},
 		{unix.SOL_SOCKET, unix.SO_TYPE, le32(1), unix.ENOPROTOOPT},
 		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, le32(1), unix.ENOPROTOOPT},
 		{unix.IPPROTO_IP, unix.IP_HDRINCL, le32(1), unix.ENOPROTOOPT},
@@ -335,6 +335,12 @@ func TestSocketOptions(t *testing.T) {
 		err := set(tc.level, tc.name, tc.val)
 		if errnoOf(err) != tc.errno {
 			t.Errorf("set %s %v: %v; want %v", optName(tc.level, tc.name), tc.val, err, tc.errno)
+		}
+	}
+	// Buffer sizes are clamped to the queue size, like Linux's rmem_max.
+	for _, name := range []int32{unix.SO_RCVBUF, unix.SO_SNDBUF} {
+		if err := set(unix.SOL_SOCKET, name, le32(1<<24)); err != nil || get(unix.SOL_SOCKET, name) != 65536 {
+			t.Errorf("%s after a set: %v", optName(unix.SOL_SOCKET, name), err)
 		}
 	}
 	if _, err := k.option(unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE); errnoOf(err) != unix.EOPNOTSUPP ||

@@ -187,6 +187,12 @@ func TestDatagramsBothWays(t *testing.T) {
 			if n, _, err := peer.ReadFromUDPAddrPort(buf); err != nil || !bytes.Equal(buf[:n], out) {
 				t.Fatalf("kernel receive after connect: %q %v", buf[:n], err)
 			}
+			if _, err := peer.WriteToUDPAddrPort(in, local); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := s.conn.RecvBatch(msgs, deadline); n != 1 || err != nil || !bytes.Equal(msgs[0].Buf[:msgs[0].N], in) {
+				t.Fatalf("receive from the connected peer: %d %v", n, err)
+			}
 			if _, err := c.ok(ctlproto.CodeConnect, s.id, ctlproto.Connect{}); err != nil {
 				t.Fatalf("disconnect: %v", err)
 			}

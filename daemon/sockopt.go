@@ -16,7 +16,9 @@ import (
 //	             SO_TYPE, SO_DOMAIN,     get only
 //	             SO_PROTOCOL
 //	             SO_SNDBUF, SO_RCVBUF    get: the socket's queue bytes; set:
-//	                                     EOPNOTSUPP (sizes are fixed at OPEN)
+//	                                     accepted and clamped to that size
+//	                                     (fixed at OPEN), as Linux clamps to
+//	                                     rmem_max
 //	             SO_MAX_PACING_RATE      EOPNOTSUPP (no pacing yet)
 //	IPPROTO_IP   IP_TOS, IP_TTL, IP_MULTICAST_TTL, IP_MULTICAST_LOOP
 //	IPPROTO_IPV6 IPV6_UNICAST_HOPS, IPV6_MULTICAST_HOPS,
@@ -114,8 +116,12 @@ func (k *socket) setOption(level, name int32, value []byte) error {
 		case unix.SO_MAX_PACING_RATE:
 			return fmt.Errorf("SO_MAX_PACING_RATE: packet pacing is not supported yet: %w", unix.EOPNOTSUPP)
 		case unix.SO_SNDBUF, unix.SO_RCVBUF:
-			return fmt.Errorf("%s: queue sizes are fixed when the socket is opened (OPEN queue_bytes, now %d): %w",
-				optName(level, name), k.queueBytes, unix.EOPNOTSUPP)
+			// Accepted and clamped, as Linux clamps to rmem_max/wmem_max:
+			// the queues' size was fixed at OPEN and GET reports it.
+			if len(value) < 4 {
+				return fmt.Errorf("%s: value of %d bytes, want a 4-byte int: %w", optName(level, name), len(value), unix.EINVAL)
+			}
+			return nil
 		case unix.SO_TYPE, unix.SO_DOMAIN, unix.SO_PROTOCOL:
 			return fmt.Errorf("%s is read-only: %w", optName(level, name), unix.ENOPROTOOPT)
 		}
