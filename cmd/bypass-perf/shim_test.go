@@ -1,0 +1,234 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/internal/netlab"
+)
+
+// shimLab is a veth pair with bypassd serving A's end in-process; B is an
+// ordinary kernel namespace where the real sockperf runs.
+type shimLab struct {
+	p          *netlab.Pair
+	socketPath string
+}
+
+func newShimLab(t *testing.T) *shimLab {
+	t.Helper()
+	// Static neighbour entries: a benchmark lab needs no ARP, and the
+	// ring's next-hop resolution is not what these tests are about.
+	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
+	dir := t.TempDir()
+	cfg := daemon.Config{
+		Interfaces: []daemon.Interface{{Name: p.A.Name}},
+		SocketPath: filepath.Join(dir, "bypassd.sock"),
+		RunDir:     dir,
+		StatsDir:   filepath.Join(dir, "stats"),
+		QueueBytes: 256 << 10,
+		Frames:     1024,
+		// Clients spin a little before sleeping, as a latency set-up would.
+		RXPoll: 50 * time.Microsecond,
+		// The ring engine never sleeps: a socket bound while the engine
+		// sleeps is not armed for wake-ups, so its first datagrams would
+		// wait for the engine's one-second sleep timeout (a ring issue,
+		// not bypass-perf's), stalling the start of every run.
+		EnginePoll: -1,
+	}
+	var d *daemon.Daemon
+	if err := p.A.NS.Do(func() error {
+		var err error
+		d, err = daemon.New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+		return err
+	}); err != nil {
+		t.Fatalf("start bypassd on %s: %v", p.A.Name, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- d.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("bypassd Serve: %v", err)
+		}
+		if err := d.Close(); err != nil {
+			t.Errorf("bypassd Close: %v", err)
+		}
+	})
+	return &shimLab{p: p, socketPath: cfg.SocketPath}
+}
+
+// shim opens a session with the lab's daemon, closed when the test ends.
+func (l *shimLab) shim(t *testing.T) *shimTransport {
+	t.Helper()
+	tr, err := openShim(l.socketPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
+// sockperfServerInB starts a real sockperf server on B's address and waits
+// until it answers (probing from inside B, over B's loopback).
+func (l *shimLab) sockperfServerInB(t *testing.T, bin string) netip.AddrPort {
+	t.Helper()
+	var probe *net.UDPConn
+	if err := l.p.B.NS.Do(func() error {
+		var err error
+		probe, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(l.p.B.Addr4(), 0)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// A port free in B a moment ago.
+	srv := probe.LocalAddr().(*net.UDPAddr).AddrPort()
+	probe.Close()
+	startCmd(t, l.p.B.NS.Command(nil, bin, "server", "-i", srv.Addr().String(), "-p", strconv.Itoa(int(srv.Port()))))
+	if err := l.p.B.NS.Do(func() error {
+		var err error
+		probe, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(l.p.B.Addr4(), 0)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	buf := make([]byte, 100)
+	limit := time.Now().Add(10 * time.Second)
+	for seq := uint64(1); ; seq++ {
+		if _, err := probe.WriteToUDPAddrPort(rawMsg(seq, flagClient|flagPong, 14, 14), srv); err != nil {
+			t.Fatal(err)
+		}
+		_ = probe.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+		if n, _, err := probe.ReadFromUDPAddrPort(buf); err == nil {
+			if h, err := parseHeader(buf[:n]); err == nil && h.Seq == seq {
+				return srv
+			}
+		}
+		if time.Now().After(limit) {
+			t.Fatalf("sockperf server on %v in %s does not answer", srv, l.p.B.NS.Name)
+		}
+	}
+}
+
+// TestShimClientToSockperfServer: bypass-perf through bypassd (namespace A)
+// against a real `sockperf server` in namespace B, in every client mode.
+func TestShimClientToSockperfServer(t *testing.T) {
+	t.Parallel()
+	bin := needSockperf(t)
+	l := newShimLab(t)
+	srv := l.sockperfServerInB(t, bin)
+	tr := l.shim(t)
+
+	out, s := clientOut(t, context.Background(), clientConfig{
+		Mode: modePingPong, Server: srv, MsgSize: 64, Duration: time.Second,
+	}, tr)
+	if !s.HasLatency || s.Observations == 0 || s.Dropped != 0 {
+		t.Errorf("ping-pong through the shim against sockperf server:\n%s", out)
+	}
+	out, s = clientOut(t, context.Background(), clientConfig{
+		Mode: modeUnderLoad, Server: srv, MsgSize: 1400, Duration: time.Second, MPS: 5000, ReplyEvery: 10,
+	}, tr)
+	if !s.HasLatency || s.Observations == 0 {
+		t.Errorf("under-load through the shim against sockperf server:\n%s", out)
+	}
+	out, s = clientOut(t, context.Background(), clientConfig{
+		Mode: modeThroughput, Server: srv, MsgSize: 1400, Duration: 200 * time.Millisecond, Batch: 16,
+	}, tr)
+	if !s.HasStream || s.StreamSent == 0 {
+		t.Errorf("throughput through the shim against sockperf server:\n%s", out)
+	}
+
+	// --rate-limit: either the daemon paces, or it says plainly that it
+	// cannot yet.
+	var buf bytes.Buffer
+	err := runClient(context.Background(), clientConfig{
+		Mode: modeThroughput, Server: srv, MsgSize: 64, Duration: 50 * time.Millisecond, RateLimit: 1 << 20,
+	}, tr, &printer{w: &buf})
+	if err != nil && (!errors.Is(err, errPacingUnsupported) || err.Error() != "packet pacing is not supported yet by this bypassd") {
+		t.Errorf("--rate-limit through the shim: %v", err)
+	}
+}
+
+// TestShimSockperfClientToServer: the real sockperf client in namespace B
+// against bypass-perf's server through bypassd in namespace A.
+func TestShimSockperfClientToServer(t *testing.T) {
+	t.Parallel()
+	bin := needSockperf(t)
+	l := newShimLab(t)
+	tr := l.shim(t)
+	conn, err := tr.ListenUDP("udp4", netip.AddrPortFrom(l.p.A.Addr4(), 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := conn.(*shimConn).LocalAddr().(*net.UDPAddr).AddrPort()
+	st := new(serverStats)
+	done := make(chan error, 1)
+	go func() { done <- serve(conn, st) }()
+	t.Cleanup(func() {
+		conn.Close()
+		if err := <-done; !errors.Is(err, net.ErrClosed) {
+			t.Errorf("serve: %v", err)
+		}
+	})
+
+	for _, tc := range []struct {
+		args  []string
+		check func(s sockperfSummary) bool
+	}{
+		{[]string{"ping-pong", "-m", "64", "-t", "1"}, func(s sockperfSummary) bool {
+			return s.HasLatency && s.Observations > 0 && s.Dropped == 0
+		}},
+		{[]string{"under-load", "-m", "1400", "-t", "1", "--mps", "5000", "--reply-every", "10"}, func(s sockperfSummary) bool {
+			return s.HasLatency && s.Observations > 0
+		}},
+	} {
+		args := append(tc.args, "-i", srv.Addr().String(), "-p", strconv.Itoa(int(srv.Port())))
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		var out bytes.Buffer
+		cmd := l.p.B.NS.Command(ctx, bin, args...)
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		cancel()
+		if err != nil {
+			t.Fatalf("sockperf %v in %s: %v\n%s", args, l.p.B.NS.Name, err, out.String())
+		}
+		if s := parseSockperf(t, out.String()); !tc.check(s) {
+			t.Errorf("sockperf %s against bypass-perf's server through the shim:\n%s", tc.args[0], out.String())
+		}
+	}
+	if st.Invalid.Load() != 0 || st.ReplyErrors.Load() != 0 {
+		t.Errorf("server: %d invalid datagrams, %d reply errors", st.Invalid.Load(), st.ReplyErrors.Load())
+	}
+}
+
+// TestShimBinary runs the built command with its default transport (the
+// shim) against sockperf in B.
+func TestShimBinary(t *testing.T) {
+	t.Parallel()
+	bin := needSockperf(t)
+	exe := buildCommand(t)
+	l := newShimLab(t)
+	srv := l.sockperfServerInB(t, bin)
+	var out, errb bytes.Buffer
+	cmd := exec.Command(exe, "--daemon-socket", l.socketPath, "ping-pong", "-i", srv.Addr().String(), "-p", strconv.Itoa(int(srv.Port())), "-t", "0.6", "-m", "200")
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%v: %v\n%s%s", cmd.Args, err, out.String(), errb.String())
+	}
+	if s := parseSockperf(t, out.String()); !s.HasLatency || s.Observations == 0 || !bytes.Contains(out.Bytes(), []byte("bypassd shim")) {
+		t.Errorf("bypass-perf through the shim:\n%s", out.String())
+	}
+}
