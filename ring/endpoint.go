@@ -197,6 +197,10 @@ func (r *Ring) Bind(addr netip.AddrPort, opts BindOptions) (_ *Endpoint, err err
 		added = append(added, f)
 	}
 	r.table.Store(r.table.Load().withEndpoint(ep.local, ep))
+	// A sleeping engine armed the wake-up flags of the queues it knew;
+	// wake it so it arms this one's too, or the first datagram would wait
+	// for its timeout.
+	_ = r.doorbell.Wake()
 	return ep, nil
 }
 
