@@ -20,7 +20,7 @@ deps:
 
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/... ./bench/... ./internal/cmd/... ./internal/netlab/cmd/...
+	$(GO) build -o $(BIN)/ ./cmd/... ./bench/... ./internal/netlab/cmd/...
 
 # test: everything CI checks. Privileged tests need root; under
 # BYPASSD_REQUIRE_PRIV=1 a missing privilege fails instead of skipping.

@@ -280,7 +280,12 @@ func (r *Ring) Close() error {
 	errs = append(errs, r.doorbell.Close())
 	r.nl.Close()
 	r.ns.Close()
-	r.log.Info("ring closed")
+	st := &r.stats
+	r.log.Info("ring closed",
+		zap.Uint64("rx_packets", st.RXPackets.Load()), zap.Uint64("rx_bytes", st.RXBytes.Load()),
+		zap.Uint64("tx_packets", st.TXPackets.Load()), zap.Uint64("tx_bytes", st.TXBytes.Load()),
+		zap.Uint64("rx_queue_full", st.RXQueueFull.Load()), zap.Uint64("rx_checksum_errors", st.RXChecksum.Load()),
+		zap.Uint64("tx_unreachable", st.TXUnreachable.Load()), zap.Uint64("engine_wakeups", st.Wakeups.Load()))
 	return errors.Join(errs...)
 }
 
