@@ -115,6 +115,9 @@ func (p *pacer) skip(n int) { p.n += uint64(n) }
 // runClient runs one ping-pong, under-load or throughput test against the
 // server and prints sockperf's output for it.
 func runClient(ctx context.Context, cfg clientConfig, tr Transport, p *printer) error {
+	if cfg.Mode != modePingPong && cfg.Mode != modeUnderLoad && cfg.Mode != modeThroughput {
+		return fmt.Errorf("%v is not a client mode", cfg.Mode)
+	}
 	if cfg.MsgSize < headerSize || cfg.MsgSize > maxMessage {
 		return fmt.Errorf("message size %d: must be %d..%d", cfg.MsgSize, headerSize, maxMessage)
 	}
@@ -158,8 +161,8 @@ func runClient(ctx context.Context, cfg clientConfig, tr Transport, p *printer) 
 	p.linef("Starting test...")
 
 	// A cancelled ctx (SIGINT, SIGTERM) ends the test early but still
-	// prints its statistics, like sockperf; the past deadline unblocks a
-	// waiting read.
+	// prints its statistics, like sockperf; past deadlines unblock a
+	// waiting read and a send waiting for queue room.
 	var stop atomic.Bool
 	watchDone := make(chan struct{})
 	defer close(watchDone)
@@ -167,7 +170,11 @@ func runClient(ctx context.Context, cfg clientConfig, tr Transport, p *printer) 
 		select {
 		case <-ctx.Done():
 			stop.Store(true)
-			_ = conn.SetReadDeadline(time.Unix(1, 0))
+			past := time.Unix(1, 0)
+			_ = conn.SetReadDeadline(past)
+			if wd, ok := conn.(interface{ SetWriteDeadline(time.Time) error }); ok {
+				_ = wd.SetWriteDeadline(past)
+			}
 		case <-watchDone:
 		}
 	}()
@@ -234,9 +241,10 @@ func setRateLimit(conn Conn, rate uint32) error {
 }
 
 // transientSendError reports errors after which a UDP sender simply goes on
-// (the datagram is lost, as on a congested NIC).
+// (the datagram is lost, as on a congested NIC). A send timeout comes only
+// from the past deadline an interruption sets; the loop then stops.
 func transientSendError(err error) bool {
-	return errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.EAGAIN)
+	return errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.EAGAIN) || isTimeout(err)
 }
 
 // pingPong sends one message at a time (flags CLIENT|PONG) and waits for its

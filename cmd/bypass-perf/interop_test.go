@@ -168,17 +168,16 @@ func TestInteropSockperfClientToServer(t *testing.T) {
 	}
 }
 
-// TestInteropBinary runs the built command end to end (flags, exit status,
+// TestInteropBinary runs the command end to end (flags, exit status,
 // stdout) against a real sockperf server.
 func TestInteropBinary(t *testing.T) {
 	t.Parallel()
 	bin := needSockperf(t)
-	exe := buildCommand(t)
 	srv := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freeLoopbackPort(t))
 	startCmd(t, exec.Command(bin, "server", "-i", srv.Addr().String(), "-p", strconv.Itoa(int(srv.Port()))))
 	waitSockperfServer(t, srv)
 	var out, errb bytes.Buffer
-	cmd := exec.Command(exe, "--kernel", "ping-pong", "-i", srv.Addr().String(), "-p", strconv.Itoa(int(srv.Port())), "-t", "0.6", "-m", "100")
+	cmd := command(t, "--kernel", "ping-pong", "-i", srv.Addr().String(), "-p", strconv.Itoa(int(srv.Port())), "-t", "0.6", "-m", "100")
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("%v: %v\n%s%s", cmd.Args, err, out.String(), errb.String())
@@ -188,13 +187,26 @@ func TestInteropBinary(t *testing.T) {
 	}
 }
 
-// buildCommand builds bypass-perf into the test's temporary directory.
-func buildCommand(t *testing.T) string {
-	t.Helper()
-	exe := t.TempDir() + "/bypass-perf"
-	cmd := exec.Command("go", "build", "-o", exe, ".")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+// envRunMain makes the test binary behave as bypass-perf itself, so tests
+// can run the command as a separate process without building it.
+const envRunMain = "BYPASS_PERF_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envRunMain) == "1" {
+		os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr))
 	}
-	return exe
+	os.Exit(m.Run())
+}
+
+// command returns a command running bypass-perf with args (the test binary
+// in its bypass-perf role).
+func command(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(os.Environ(), envRunMain+"=1")
+	return cmd
 }

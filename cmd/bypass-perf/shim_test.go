@@ -6,7 +6,6 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -214,16 +213,15 @@ func TestShimSockperfClientToServer(t *testing.T) {
 	}
 }
 
-// TestShimBinary runs the built command with its default transport (the
+// TestShimBinary runs the command with its default transport (the
 // shim) against sockperf in B.
 func TestShimBinary(t *testing.T) {
 	t.Parallel()
 	bin := needSockperf(t)
-	exe := buildCommand(t)
 	l := newShimLab(t)
 	srv := l.sockperfServerInB(t, bin)
 	var out, errb bytes.Buffer
-	cmd := exec.Command(exe, "--daemon-socket", l.socketPath, "ping-pong", "-i", srv.Addr().String(), "-p", strconv.Itoa(int(srv.Port())), "-t", "0.6", "-m", "200")
+	cmd := command(t, "--daemon-socket", l.socketPath, "ping-pong", "-i", srv.Addr().String(), "-p", strconv.Itoa(int(srv.Port())), "-t", "0.6", "-m", "200")
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("%v: %v\n%s%s", cmd.Args, err, out.String(), errb.String())
