@@ -7,5 +7,8 @@ cd "$(dirname "$0")/.."
 echo "== ringbench: 64-byte UDP, ring vs kernel (medians of 5 runs)"
 go run ./bench/ringbench -runs 5 -duration 2s "$@"
 echo
+echo "== ping-pong latency: bypass-perf on the shim vs sockperf on the kernel, same sockperf server"
+scripts/bench-latency.sh
+echo
 echo "== packet path micro-benchmarks"
 go test -run '^$' -bench . -benchmem ./ring/packet/ ./ring/reassembly/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'
