@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # make bench: ring vs kernel in one network-namespace lab (ratios printed at
 # the end), then the packet-path micro-benchmarks. Needs root. Extra
-# arguments go to ringbench (e.g. -runs 7 -duration 3s).
+# arguments go to udpbench (e.g. -runs 7 -duration 3s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-echo "== ringbench: 64-byte UDP, ring vs kernel (medians of 5 runs)"
-go run ./bench/ringbench -runs 5 -duration 2s "$@"
+echo "== udpbench: 64-byte UDP, ring vs kernel (medians of 5 runs)"
+go run ./bench/udpbench -runs 5 -duration 2s "$@"
 echo
 echo "== ping-pong latency: bypass-perf on the shim vs sockperf on the kernel, same sockperf server"
 scripts/bench-latency.sh

@@ -1,10 +1,11 @@
-// Command ringbench measures the ring layer against the kernel path in one
-// network-namespace lab: UDP TX through a ring endpoint vs kernel sendmmsg,
-// and UDP RX through a ring endpoint vs kernel recvmmsg under the same
-// offered load (a kernel sendmmsg sender in the peer namespace). It prints a
-// Markdown table with medians, spread (min–max) and ratios.
+// Command udpbench measures UDP through bypassd against the kernel path in
+// one network-namespace lab: TX through a ring endpoint (in process) and
+// through the shim (package socket, to a daemon) vs kernel sendmmsg, and RX
+// the same ways vs kernel recvmmsg under the same offered load from the peer
+// namespace. It prints a Markdown table with medians, spread (min–max) and
+// ratios.
 //
-// Run as root: go run ./bench/ringbench -runs 5 -duration 2s
+// Run as root: go run ./bench/udpbench -runs 5 -duration 2s
 package main
 
 import (
@@ -49,21 +50,21 @@ func main() {
 	flag.DurationVar(&o.poll, "poll", 0, "ring engine spin time before sleeping (negative: spin forever)")
 	flag.StringVar(&o.load, "load", "ring", "RX load generator in the peer namespace: ring (an AF_XDP ring, the fastest sender here) or kernel (sendmmsg)")
 	flag.BoolVar(&o.split, "split", true, "senders on CPU 0, the receiving side (threaded NAPI, receiver) on CPU 1")
-	only := flag.String("only", "", "run only the cases whose name contains this (tx-kernel, tx-ring, rx-kernel, rx-ring)")
+	only := flag.String("only", "", "run only the cases whose name contains this (tx-kernel, tx-ring, tx-shim, rx-kernel, rx-ring, rx-shim)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	o.only = *only
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "ringbench:", err)
+			fmt.Fprintln(os.Stderr, "udpbench:", err)
 			os.Exit(1)
 		}
 		_ = pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
 	if err := run(o); err != nil {
-		fmt.Fprintln(os.Stderr, "ringbench:", err)
+		fmt.Fprintln(os.Stderr, "udpbench:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
@@ -106,8 +107,8 @@ func run(o options) error {
 		name string
 		fn   func() (sample, error)
 	}{
-		{"tx-kernel", b.txKernel}, {"tx-ring", b.txRing},
-		{"rx-kernel", b.rxKernel}, {"rx-ring", b.rxRing},
+		{"tx-kernel", b.txKernel}, {"tx-ring", b.txRing}, {"tx-shim", b.txShim},
+		{"rx-kernel", b.rxKernel}, {"rx-ring", b.rxRing}, {"rx-shim", b.rxShim},
 	}
 	for i := 0; i < o.runs; i++ {
 		for _, c := range cases {
@@ -476,7 +477,7 @@ func col(ss []sample, f func(sample) float64) []float64 {
 }
 
 func report(o options, res map[string][]sample) {
-	if len(res) < 4 {
+	if len(res) < 6 {
 		return
 	}
 	sent := func(s sample) float64 { return s.sent }
@@ -493,18 +494,20 @@ func report(o options, res map[string][]sample) {
 	sb.WriteString("| path | measured | median Mpps | spread Mpps |\n|---|---|---|---|\n")
 	for _, c := range []struct{ name, what string }{
 		{"tx-kernel", "sendmmsg, arrived at peer XDP"}, {"tx-ring", "ring endpoint, arrived at peer XDP"},
+		{"tx-shim", "shim (client of bypassd), arrived at peer XDP"},
 	} {
 		fmt.Fprintln(&sb, row(c.name, c.what, col(res[c.name], dlv)))
 	}
-	for _, c := range []string{"rx-kernel", "rx-ring"} {
+	for _, c := range []string{"rx-kernel", "rx-ring", "rx-shim"} {
 		fmt.Fprintln(&sb, row(c, "offered by peer ("+o.load+" sender)", col(res[c], sent)))
 		fmt.Fprintln(&sb, row(c, "delivered to application", col(res[c], dlv)))
 	}
-	txRatio := median(col(res["tx-ring"], dlv)) / median(col(res["tx-kernel"], dlv))
-	rxRatio := median(col(res["rx-ring"], dlv)) / median(col(res["rx-kernel"], dlv))
-	dropK := 1 - median(col(res["rx-kernel"], dlv))/median(col(res["rx-kernel"], sent))
-	dropR := 1 - median(col(res["rx-ring"], dlv))/median(col(res["rx-ring"], sent))
-	fmt.Fprintf(&sb, "\nTX ratio ring/kernel: %.2fx (target >= 2.0x)\n", txRatio)
-	fmt.Fprintf(&sb, "RX ratio ring/kernel (delivered): %.2fx (target >= 1.5x); drops: kernel %.1f%%, ring %.1f%%\n", rxRatio, 100*dropK, 100*dropR)
+	ratio := func(a, b string) float64 { return median(col(res[a], dlv)) / median(col(res[b], dlv)) }
+	drop := func(c string) float64 { return 100 * (1 - median(col(res[c], dlv))/median(col(res[c], sent))) }
+	sb.WriteString("\n")
+	for _, p := range []string{"ring", "shim"} {
+		fmt.Fprintf(&sb, "TX ratio %s/kernel: %.2fx (target >= 2.0x)\n", p, ratio("tx-"+p, "tx-kernel"))
+		fmt.Fprintf(&sb, "RX ratio %s/kernel (delivered): %.2fx (target >= 1.5x); drops: kernel %.1f%%, %s %.1f%%\n", p, ratio("rx-"+p, "rx-kernel"), drop("rx-kernel"), p, drop("rx-"+p))
+	}
 	fmt.Print(sb.String())
 }
