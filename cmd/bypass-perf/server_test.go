@@ -128,6 +128,10 @@ func TestServerReplies(t *testing.T) {
 	if h, err := parseHeader(buf[:n]); err != nil || h.Seq != 12 || h.Flags != flagPong {
 		t.Fatalf("second reply %+v (%v), want seq 12 flags PONG", h, err)
 	}
+	// The server counts a reply after sending it: give it a moment.
+	for end := time.Now().Add(2 * time.Second); st.Replied.Load() < 2 && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
 	if got := st.Invalid.Load(); got != 9 {
 		t.Errorf("invalid %d, want 9", got)
 	}

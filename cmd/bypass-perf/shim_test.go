@@ -40,11 +40,8 @@ func newShimLab(t *testing.T) *shimLab {
 		Frames:     1024,
 		// Clients spin a little before sleeping, as a latency set-up would.
 		RXPoll: 50 * time.Microsecond,
-		// The ring engine never sleeps: a socket bound while the engine
-		// sleeps is not armed for wake-ups, so its first datagrams would
-		// wait for the engine's one-second sleep timeout (a ring issue,
-		// not bypass-perf's), stalling the start of every run.
-		EnginePoll: -1,
+		// The engine too spins a little, then sleeps.
+		EnginePoll: 50 * time.Microsecond,
 	}
 	var d *daemon.Daemon
 	if err := p.A.NS.Do(func() error {
