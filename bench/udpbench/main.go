@@ -192,6 +192,19 @@ func (b *bench) txKernel() (sample, error) {
 	}
 	defer s.close()
 	s.setDest(dst, b.o.size)
+	return b.measureTX(sink, b.sendCPU, func() (int, error) {
+		n, err := s.send()
+		if err != nil && !errors.Is(err, unix.ENOBUFS) && !errors.Is(err, unix.EAGAIN) {
+			return 0, fmt.Errorf("sendmmsg: %w", err)
+		}
+		return n, nil
+	}, nil)
+}
+
+// measureTX calls send in a loop, on a thread pinned to cpu, for the run's
+// duration, and counts what arrives at the sink. sent reports how many
+// datagrams the sender put out so far (nil: the sum of send's returns).
+func (b *bench) measureTX(sink *xdpSink, cpu int, send func() (int, error), sent func() uint64) (sample, error) {
 	if err := b.pinReceiver(b.p.B); err != nil {
 		return sample{}, err
 	}
@@ -199,15 +212,18 @@ func (b *bench) txKernel() (sample, error) {
 	if err != nil {
 		return sample{}, err
 	}
-	var sent uint64
+	var n0, counted uint64
+	if sent != nil {
+		n0 = sent()
+	}
 	start := time.Now()
-	err = onThread(b.sendCPU, func() error {
+	err = onThread(cpu, func() error {
 		for time.Since(start) < b.o.duration {
-			n, err := s.send()
-			if err != nil && !errors.Is(err, unix.ENOBUFS) && !errors.Is(err, unix.EAGAIN) {
-				return fmt.Errorf("sendmmsg: %w", err)
+			n, err := send()
+			if err != nil {
+				return err
 			}
-			sent += uint64(n)
+			counted += uint64(n)
 		}
 		return nil
 	})
@@ -215,11 +231,23 @@ func (b *bench) txKernel() (sample, error) {
 		return sample{}, err
 	}
 	el := time.Since(start).Seconds()
+	if sent != nil {
+		counted = sent() - n0
+	}
 	after, err := sink.count()
 	if err != nil {
 		return sample{}, err
 	}
-	return sample{sent: float64(sent) / el, delivered: float64(after-before) / el}, nil
+	return sample{sent: float64(counted) / el, delivered: float64(after-before) / el}, nil
+}
+
+// batch returns b.o.batch messages of b.o.size bytes.
+func (b *bench) batch() [][]byte {
+	msgs := make([][]byte, b.o.batch)
+	for i := range msgs {
+		msgs[i] = make([]byte, b.o.size)
+	}
+	return msgs
 }
 
 func (b *bench) openRing(cpu int) (*ring.Ring, *ring.Endpoint, error) {
@@ -256,37 +284,10 @@ func (b *bench) txRing() (sample, error) {
 		return sample{}, err
 	}
 	time.Sleep(100 * time.Millisecond)
-	msgs := make([][]byte, b.o.batch)
-	for i := range msgs {
-		msgs[i] = make([]byte, b.o.size)
-	}
-	if err := b.pinReceiver(b.p.B); err != nil {
-		return sample{}, err
-	}
-	before, err := sink.count()
-	if err != nil {
-		return sample{}, err
-	}
-	tx0 := r.Stats().TXPackets.Load()
-	start := time.Now()
-	err = onThread(b.recvCPU, func() error {
-		for time.Since(start) < b.o.duration {
-			if _, err := ep.SendBatch(msgs, dst, time.Time{}); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return sample{}, err
-	}
-	el := time.Since(start).Seconds()
-	sent := r.Stats().TXPackets.Load() - tx0
-	after, err := sink.count()
-	if err != nil {
-		return sample{}, err
-	}
-	return sample{sent: float64(sent) / el, delivered: float64(after-before) / el}, nil
+	msgs := b.batch()
+	return b.measureTX(sink, b.recvCPU, func() (int, error) {
+		return ep.SendBatch(msgs, dst, time.Time{})
+	}, r.Stats().TXPackets.Load)
 }
 
 // offer runs a kernel sendmmsg sender in B towards dst for the run's
@@ -345,10 +346,7 @@ func (b *bench) offerRing(dst netip.AddrPort, wg *sync.WaitGroup, sent *atomic.U
 		*errp = err
 		return func() {}
 	}
-	msgs := make([][]byte, b.o.batch)
-	for i := range msgs {
-		msgs[i] = make([]byte, b.o.size)
-	}
+	msgs := b.batch()
 	var quit atomic.Bool
 	wg.Add(1)
 	go func() {

@@ -93,37 +93,10 @@ func (b *bench) txShim() (sample, error) {
 		return sample{}, err
 	}
 	time.Sleep(100 * time.Millisecond)
-	msgs := make([][]byte, b.o.batch)
-	for i := range msgs {
-		msgs[i] = make([]byte, b.o.size)
-	}
-	if err := b.pinReceiver(b.p.B); err != nil {
-		return sample{}, err
-	}
-	before, err := sink.count()
-	if err != nil {
-		return sample{}, err
-	}
-	tx0 := s.txPackets()
-	start := time.Now()
-	err = onThread(b.recvCPU, func() error {
-		for time.Since(start) < b.o.duration {
-			if _, err := conn.WriteBatch(msgs, dst); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return sample{}, err
-	}
-	el := time.Since(start).Seconds()
-	sent := s.txPackets() - tx0
-	after, err := sink.count()
-	if err != nil {
-		return sample{}, err
-	}
-	return sample{sent: float64(sent) / el, delivered: float64(after-before) / el}, nil
+	msgs := b.batch()
+	return b.measureTX(sink, b.recvCPU, func() (int, error) {
+		return conn.WriteBatch(msgs, dst)
+	}, s.txPackets)
 }
 
 func (b *bench) rxShim() (sample, error) {
