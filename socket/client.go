@@ -213,6 +213,11 @@ func Default() (*Client, error) {
 	return c, nil
 }
 
+// ok reports whether c came from Dial (not nil, not a zero Client).
+func (c *Client) ok() bool { return c != nil && c.conn != nil }
+
+var errNoClient = fmt.Errorf("socket: not a Client returned by Dial or Default: %w", unix.EINVAL)
+
 func (c *Client) alive() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -261,6 +266,9 @@ func (c *Client) ListenUDP(network string, laddr netip.AddrPort) (*UDPConn, erro
 // ListenUDPConfig is ListenUDP with options that must be set before the
 // socket is bound.
 func (c *Client) ListenUDPConfig(network string, laddr netip.AddrPort, cfg ListenConfig) (*UDPConn, error) {
+	if !c.ok() {
+		return nil, opError("listen", network, nil, udpAddr(laddr), errNoClient)
+	}
 	u, err := c.open(network, laddr, netip.AddrPort{}, cfg)
 	if err != nil {
 		return nil, opError("listen", network, nil, udpAddr(laddr), err)
@@ -272,6 +280,9 @@ func (c *Client) ListenUDPConfig(network string, laddr netip.AddrPort, cfg Liste
 // address and a chosen port) and connects it to raddr, after which it
 // receives only raddr's datagrams and Write sends to raddr.
 func (c *Client) DialUDP(network string, laddr, raddr netip.AddrPort) (*UDPConn, error) {
+	if !c.ok() {
+		return nil, opError("dial", network, udpAddr(laddr), udpAddr(raddr), errNoClient)
+	}
 	if !raddr.Addr().IsValid() || raddr.Port() == 0 {
 		return nil, opError("dial", network, udpAddr(laddr), udpAddr(raddr),
 			fmt.Errorf("remote address %v needs an IP address and a port: %w", raddr, unix.EDESTADDRREQ))
@@ -449,18 +460,14 @@ func (u *UDPConn) bindConnect(laddr, raddr netip.AddrPort, reuse bool) error {
 	if !ok {
 		return fmt.Errorf("bind %v: bypassd answered with %T: %w", laddr, m, unix.EPROTO)
 	}
-	u.mu.Lock()
 	u.laddr = br.Addr
-	u.mu.Unlock()
 	if !raddr.IsValid() {
 		return nil
 	}
 	if _, err := u.request(ctlproto.CodeConnect, ctlproto.Connect{Addr: raddr}); err != nil {
 		return fmt.Errorf("connect to %v: %w", raddr, err)
 	}
-	u.mu.Lock()
 	u.raddr = raddr
-	u.mu.Unlock()
 	return nil
 }
 
@@ -685,6 +692,9 @@ func (c *Client) fail(reason error) {
 // Close ends the session: every socket opened through the Client is closed
 // (pending calls return net.ErrClosed) and the daemon releases all of them.
 func (c *Client) Close() error {
+	if !c.ok() {
+		return errNoClient
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()

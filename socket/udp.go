@@ -55,7 +55,8 @@ type UDPConn struct {
 	policy                   shmq.Policy
 	maxQueued                int // largest payload the TX queue accepts
 
-	mu           sync.Mutex // laddr, raddr
+	// Set while the socket is opened, before any caller sees it, and never
+	// changed afterwards, so reads need no lock.
 	laddr, raddr netip.AddrPort
 
 	// Deadlines as UnixNano (0: none), read at every wait so that a change
@@ -92,32 +93,44 @@ var pastDeadline = time.Unix(1, 0)
 // LocalAddr returns the bound address (*net.UDPAddr). For a socket bound to
 // the wildcard address it is the wildcard address with the chosen port.
 func (u *UDPConn) LocalAddr() net.Addr {
-	u.mu.Lock()
-	defer u.mu.Unlock()
+	if !u.ok() {
+		return nil
+	}
 	return udpAddr(u.laddr)
 }
 
+// ok reports whether u is a socket a Client opened (not nil, not a zero
+// UDPConn), so that misuse returns EINVAL like Go's net instead of
+// panicking.
+func (u *UDPConn) ok() bool { return u != nil && u.c != nil }
+
+var errInvalid = fmt.Errorf("not a socket opened by a socket.Client: %w", unix.EINVAL)
+
 // RemoteAddr returns the connected peer (*net.UDPAddr), or nil.
 func (u *UDPConn) RemoteAddr() net.Addr {
-	u.mu.Lock()
-	defer u.mu.Unlock()
+	if !u.ok() {
+		return nil
+	}
 	return udpAddr(u.raddr)
 }
 
-func (u *UDPConn) addrs() (laddr, raddr netip.AddrPort) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.laddr, u.raddr
-}
-
 // ID returns the daemon's id for this socket (what bypass-stats shows).
-func (u *UDPConn) ID() uint32 { return u.id }
+func (u *UDPConn) ID() uint32 {
+	if !u.ok() {
+		return 0
+	}
+	return u.id
+}
 
 // SetNonblock switches the socket between blocking (the default) and
 // non-blocking mode. In non-blocking mode a read with nothing queued and a
 // write that finds the send queue full fail at once with an error matching
 // unix.EAGAIN.
-func (u *UDPConn) SetNonblock(nonblocking bool) { u.nonblock.Store(nonblocking) }
+func (u *UDPConn) SetNonblock(nonblocking bool) {
+	if u.ok() {
+		u.nonblock.Store(nonblocking)
+	}
+}
 
 // SetDeadline sets the read and write deadlines (see net.Conn).
 func (u *UDPConn) SetDeadline(t time.Time) error {
@@ -131,6 +144,9 @@ func (u *UDPConn) SetDeadline(t time.Time) error {
 // time removes it. A read past its deadline fails with an error matching
 // os.ErrDeadlineExceeded.
 func (u *UDPConn) SetReadDeadline(t time.Time) error {
+	if !u.ok() || u.q == nil {
+		return opError("set", "udp", nil, nil, errInvalid)
+	}
 	if u.closed.Load() {
 		return u.opErr("set", netip.AddrPort{}, net.ErrClosed)
 	}
@@ -144,6 +160,9 @@ func (u *UDPConn) SetReadDeadline(t time.Time) error {
 // SetWriteDeadline sets the deadline for pending and future writes (which
 // wait only while the send queue is full).
 func (u *UDPConn) SetWriteDeadline(t time.Time) error {
+	if !u.ok() || u.q == nil {
+		return opError("set", "udp", nil, nil, errInvalid)
+	}
 	if u.closed.Load() {
 		return u.opErr("set", netip.AddrPort{}, net.ErrClosed)
 	}
@@ -170,11 +189,17 @@ func expired(dl int64) bool { return dl != 0 && time.Now().UnixNano() >= dl }
 // opErr wraps err as a *net.OpError with this socket's addresses; addr
 // overrides the remote address (a write's destination).
 func (u *UDPConn) opErr(op string, addr netip.AddrPort, err error) error {
-	laddr, raddr := u.addrs()
-	if !addr.IsValid() {
-		addr = raddr
+	if u == nil {
+		return opError(op, "udp", nil, udpAddr(addr), err)
 	}
-	return opError(op, u.network, udpAddr(laddr), udpAddr(addr), err)
+	if !addr.IsValid() {
+		addr = u.raddr
+	}
+	network := u.network
+	if network == "" {
+		network = "udp"
+	}
+	return opError(op, network, udpAddr(u.laddr), udpAddr(addr), err)
 }
 
 // deadErr returns why the socket cannot be used any more, or nil.
@@ -228,6 +253,9 @@ func (u *UDPConn) ReadBatch(msgs []Message) (int, error) {
 // recv receives into one of sm (the caller's own sockq messages) or msgs
 // (converted through rxScratch under rxMu).
 func (u *UDPConn) recv(sm []sockq.Message, msgs []Message) (int, error) {
+	if !u.ok() || u.q == nil {
+		return 0, opError("read", "udp", nil, nil, errInvalid)
+	}
 	u.life.RLock()
 	defer u.life.RUnlock()
 	if err := u.deadErr(); err != nil {
@@ -243,6 +271,7 @@ func (u *UDPConn) recv(sm []sockq.Message, msgs []Message) (int, error) {
 		for i := range msgs {
 			sm[i] = sockq.Message{Buf: msgs[i].Buf}
 		}
+		defer clear(sm) // do not keep the caller's buffers alive
 	}
 	for {
 		if err := u.deadErr(); err != nil {
@@ -252,16 +281,20 @@ func (u *UDPConn) recv(sm []sockq.Message, msgs []Message) (int, error) {
 		if expired(dl) {
 			return 0, u.opErr("read", netip.AddrPort{}, sockq.ErrTimeout)
 		}
-		n, err := u.q.RecvBatch(sm, pastDeadline)
-		if n > 0 {
-			for i := 0; i < n && msgs != nil; i++ {
-				msgs[i].N, msgs[i].Addr = sm[i].N, sm[i].Addr
-				sm[i].Buf = nil // do not keep the caller's buffer alive
+		// Only a queue with something in it (or a corrupt one, which sockq
+		// then reports) is handed to sockq: on an empty one its own
+		// never-waiting wait would cost more than the check.
+		if u.rx.Readable() {
+			n, err := u.q.RecvBatch(sm, pastDeadline)
+			if n > 0 {
+				for i := 0; i < n && msgs != nil; i++ {
+					msgs[i].N, msgs[i].Addr = sm[i].N, sm[i].Addr
+				}
+				return n, nil
 			}
-			return n, nil
-		}
-		if err != nil && !errors.Is(err, sockq.ErrTimeout) {
-			return 0, u.opErr("read", netip.AddrPort{}, u.mapErr(err))
+			if err != nil && !errors.Is(err, sockq.ErrTimeout) {
+				return 0, u.opErr("read", netip.AddrPort{}, u.mapErr(err))
+			}
 		}
 		if u.nonblock.Load() {
 			return 0, u.opErr("read", netip.AddrPort{}, unix.EAGAIN)
@@ -317,7 +350,7 @@ func (u *UDPConn) WriteBatch(msgs [][]byte, dst netip.AddrPort) (int, error) {
 // destination validates dst (zero: the connected peer) and returns the
 // address queued in the record and the one that decides the size limit.
 func (u *UDPConn) destination(dst netip.AddrPort) (queued, peer netip.AddrPort, err error) {
-	_, raddr := u.addrs()
+	raddr := u.raddr
 	if dst == (netip.AddrPort{}) {
 		if !raddr.IsValid() {
 			return dst, dst, fmt.Errorf("no destination and the socket is not connected (use WriteTo or DialUDP): %w", unix.EDESTADDRREQ)
@@ -345,6 +378,9 @@ func (u *UDPConn) destination(dst netip.AddrPort) (queued, peer netip.AddrPort, 
 }
 
 func (u *UDPConn) send(msgs [][]byte, dst netip.AddrPort) (int, error) {
+	if !u.ok() || u.q == nil {
+		return 0, opError("write", "udp", nil, udpAddr(dst), errInvalid)
+	}
 	u.life.RLock()
 	defer u.life.RUnlock()
 	if err := u.deadErr(); err != nil {
@@ -527,6 +563,9 @@ func (u *UDPConn) wait(write bool, n int, dl int64) error {
 // the daemon releases the socket's port and flows, and the queues' memory
 // is unmapped. Closing twice returns an error matching net.ErrClosed.
 func (u *UDPConn) Close() error {
+	if !u.ok() || u.q == nil {
+		return opError("close", "udp", nil, nil, errInvalid)
+	}
 	if !u.closed.CompareAndSwap(false, true) {
 		return u.opErr("close", netip.AddrPort{}, net.ErrClosed)
 	}
@@ -558,6 +597,9 @@ func (u *UDPConn) breakWith(reason error) {
 
 // request sends a control request about this socket.
 func (u *UDPConn) request(code ctlproto.Code, body ctlproto.Message) (ctlproto.Message, error) {
+	if !u.ok() {
+		return nil, errInvalid
+	}
 	if err := u.deadErr(); err != nil {
 		return nil, err
 	}
@@ -654,6 +696,9 @@ func (u *UDPConn) LeaveSourceGroup(group, source netip.Addr) error {
 }
 
 func (u *UDPConn) group(code ctlproto.Code, group, source netip.Addr) error {
+	if !u.ok() {
+		return u.opErr("set", netip.AddrPort{}, errInvalid)
+	}
 	what := "join"
 	if code == ctlproto.CodeLeave {
 		what = "leave"

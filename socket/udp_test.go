@@ -435,3 +435,62 @@ func TestConcurrentSendRecv(t *testing.T) {
 		t.Errorf("received %d distinct datagrams, want %d", len(seen), writers*per)
 	}
 }
+
+func TestZeroValues(t *testing.T) {
+	var u *UDPConn
+	var z UDPConn
+	for _, c := range []*UDPConn{u, &z} {
+		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, unix.EINVAL) {
+			t.Errorf("Read: %v", err)
+		}
+		if _, err := c.WriteToUDPAddrPort([]byte("x"), remote4); !errors.Is(err, unix.EINVAL) {
+			t.Errorf("Write: %v", err)
+		}
+		if err := c.SetDeadline(time.Now()); !errors.Is(err, unix.EINVAL) {
+			t.Errorf("SetDeadline: %v", err)
+		}
+		if err := c.SetOption("IP_TOS", 1); !errors.Is(err, unix.EINVAL) {
+			t.Errorf("SetOption: %v", err)
+		}
+		if err := c.JoinGroup(netip.MustParseAddr("239.1.1.1")); !errors.Is(err, unix.EINVAL) {
+			t.Errorf("JoinGroup: %v", err)
+		}
+		if err := c.Close(); !errors.Is(err, unix.EINVAL) {
+			t.Errorf("Close: %v", err)
+		}
+		if c.LocalAddr() != nil || c.RemoteAddr() != nil || c.ID() != 0 {
+			t.Error("addresses of a zero UDPConn")
+		}
+		c.SetNonblock(true)
+	}
+	var c *Client
+	if _, err := c.ListenUDP("udp4", local4); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("nil Client ListenUDP: %v", err)
+	}
+	if _, err := (&Client{}).DialUDP("udp4", local4, remote4); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("zero Client DialUDP: %v", err)
+	}
+	if err := c.Close(); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("nil Client Close: %v", err)
+	}
+}
+
+func TestMaxDatagram6(t *testing.T) {
+	d := newFakeDaemon(t)
+	c := d.dial(t)
+	u, err := c.ListenUDPConfig("udp6", netip.MustParseAddrPort("[fd00:9::1]:0"), ListenConfig{QueueBytes: 256 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	if _, err := u.WriteToUDPAddrPort(make([]byte, MaxDatagram6+1), remote6); !errors.Is(err, unix.EMSGSIZE) {
+		t.Errorf("%d bytes over IPv6: %v, want EMSGSIZE", MaxDatagram6+1, err)
+	}
+	if _, err := u.WriteToUDPAddrPort(make([]byte, MaxDatagram6), remote6); err != nil {
+		t.Errorf("%d bytes over IPv6: %v", MaxDatagram6, err)
+	}
+	buf := make([]byte, 70000)
+	if n, from, err := u.ReadFromUDPAddrPort(buf); err != nil || n != MaxDatagram6 || from != remote6 {
+		t.Errorf("read back: %d from %v, %v", n, from, err)
+	}
+}
