@@ -399,6 +399,13 @@ func (c *Client) attach(network string, v6 bool, id uint32, body ctlproto.Messag
 		}
 	}()
 	qs := uint64(shmq.Size(int(or.QueueBytes)))
+	// ctlproto validated the layout already; checked again here because a
+	// mistake would otherwise be a panic while slicing.
+	if qs == 0 || or.TXOffset > uint64(len(mem)) || uint64(len(mem))-or.TXOffset < qs ||
+		or.RXOffset > uint64(len(mem)) || uint64(len(mem))-or.RXOffset < qs {
+		return nil, fmt.Errorf("bypassd described queues (%d bytes at %d and %d) outside its %d-byte memfd: %w",
+			qs, or.TXOffset, or.RXOffset, len(mem), unix.EPROTO)
+	}
 	tx, err := shmq.Attach(mem[or.TXOffset : or.TXOffset+qs])
 	if err != nil {
 		return nil, fmt.Errorf("attach the send queue: %w", err)
