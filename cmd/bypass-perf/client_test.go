@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -129,15 +130,21 @@ func TestPingPongLostReplies(t *testing.T) {
 }
 
 // cancelAfter cancels a context after n sends.
+// cancelAfter cancels the run at the first send after n sends once the
+// statistics' warm-up (the first 400 ms) is over, so that the interrupted
+// run always has measurements to print.
 type cancelAfter struct {
 	Conn
 	n      int64
 	sent   atomic.Int64
+	start  time.Time
+	once   sync.Once
 	cancel context.CancelFunc
 }
 
 func (c *cancelAfter) WriteToUDPAddrPort(b []byte, a netip.AddrPort) (int, error) {
-	if c.sent.Add(1) == c.n {
+	c.once.Do(func() { c.start = time.Now() })
+	if c.sent.Add(1) >= c.n && time.Since(c.start) > 600*time.Millisecond {
 		c.cancel()
 	}
 	return c.Conn.WriteToUDPAddrPort(b, a)
