@@ -1,0 +1,108 @@
+package daemon
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/sockq"
+)
+
+// TestHostileClientMemory: a client that tries to shrink or grow its memfd
+// is refused by the seals; one that scribbles over its queues, unmaps them
+// and drops its descriptors hurts only its own socket. The daemon and its
+// ring keep serving everyone else.
+func TestHostileClientMemory(t *testing.T) {
+	t.Parallel()
+	l := newLab(t, Config{})
+	bad := newClient(t, l.cfg.SocketPath)
+	if _, err := bad.hello(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := bad.ok(ctlproto.CodeOpen, 0, ctlproto.Open{Family: unix.AF_INET, Type: unix.SOCK_DGRAM})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(r.fds)
+	or := r.m.(*ctlproto.OpenReply)
+	id := r.h.Socket
+	if _, err := bad.ok(ctlproto.CodeBind, id, ctlproto.Bind{Addr: netip.AddrPortFrom(l.p.A.Addr4(), 0)}); err != nil {
+		t.Fatal(err)
+	}
+	memfd := r.fds[ctlproto.FDMemfd]
+	for _, size := range []int64{0, int64(or.MemfdSize) / 2, 2 * int64(or.MemfdSize)} {
+		if err := unix.Ftruncate(memfd, size); !errors.Is(err, unix.EPERM) {
+			t.Fatalf("ftruncate(memfd, %d): %v, want EPERM (sealed)", size, err)
+		}
+	}
+	mem, err := unix.Mmap(memfd, 0, int(or.MemfdSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := 0; round < 50; round++ {
+		for i := range mem {
+			mem[i] = byte(rng.Uint32())
+		}
+		// Ring the engine's doorbell so it looks at the garbage.
+		var one [8]byte
+		one[0] = 1
+		_, _ = unix.Write(r.fds[ctlproto.FDDoorbell], one[:])
+		time.Sleep(time.Millisecond)
+	}
+	if err := unix.Munmap(mem); err != nil {
+		t.Fatal(err)
+	}
+	closeAll(r.fds)
+	r.fds = nil
+
+	// Another client is served as before.
+	good := newClient(t, l.cfg.SocketPath)
+	if _, err := good.hello(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := good.open(unix.AF_INET, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	local, err := good.bind(s, netip.AddrPortFrom(l.p.A.Addr4(), 0), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := kernelUDP(t, l.p.B.NS, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	deadline := time.Now().Add(10 * time.Second)
+	out := []byte("still served")
+	if n, err := s.conn.SendBatch([][]byte{out}, peer.LocalAddr().(*net.UDPAddr).AddrPort(), deadline); n != 1 || err != nil {
+		t.Fatalf("send: %d %v", n, err)
+	}
+	_ = peer.SetReadDeadline(deadline)
+	buf := make([]byte, 64)
+	n, _, err := peer.ReadFromUDPAddrPort(buf)
+	if err != nil || !bytes.Equal(buf[:n], out) {
+		t.Fatalf("kernel receive: %q %v", buf[:n], err)
+	}
+	if _, err := peer.WriteToUDPAddrPort([]byte("back"), local); err != nil {
+		t.Fatal(err)
+	}
+	msgs := []sockq.Message{{Buf: make([]byte, 64)}}
+	if n, err := s.conn.RecvBatch(msgs, deadline); n != 1 || err != nil || string(msgs[0].Buf[:msgs[0].N]) != "back" {
+		t.Fatalf("receive: %d %v", n, err)
+	}
+
+	// The hostile client's session still answers, and CLOSE releases its
+	// socket (the daemon's own mapping was never at risk).
+	if _, err := bad.ok(ctlproto.CodeClose, id, ctlproto.Empty{}); err != nil {
+		t.Fatalf("close the scribbled socket: %v", err)
+	}
+	if l.d.Rings()[0].Err() != nil {
+		t.Fatalf("ring engine stopped: %v", l.d.Rings()[0].Err())
+	}
+}
