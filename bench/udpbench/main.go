@@ -39,6 +39,7 @@ type options struct {
 	only     string
 	split    bool
 	load     string
+	rate     float64
 }
 
 func main() {
@@ -49,6 +50,7 @@ func main() {
 	flag.IntVar(&o.batch, "batch", 64, "datagrams per send/receive call")
 	flag.DurationVar(&o.poll, "poll", 0, "ring engine spin time before sleeping (negative: spin forever)")
 	flag.StringVar(&o.load, "load", "ring", "RX load generator in the peer namespace: ring (an AF_XDP ring, the fastest sender here) or kernel (sendmmsg)")
+	flag.Float64Var(&o.rate, "rate", 0, "RX offered load in datagrams/s with -load ring (0: as fast as the sender goes)")
 	flag.BoolVar(&o.split, "split", true, "senders on CPU 0, the receiving side (threaded NAPI, receiver) on CPU 1")
 	only := flag.String("only", "", "run only the cases whose name contains this (tx-kernel, tx-ring, tx-shim, rx-kernel, rx-ring, rx-shim)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -358,11 +360,20 @@ func (b *bench) offerRing(dst netip.AddrPort, wg *sync.WaitGroup, sent *atomic.U
 			return
 		}
 		tx0 := r.Stats().TXPackets.Load()
+		start, queued := time.Now(), 0
 		for !quit.Load() {
-			if _, err := ep.SendBatch(msgs, dst, time.Now().Add(10*time.Millisecond)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			if b.o.rate > 0 {
+				// Paced: the same offered load whatever the receiver.
+				due := start.Add(time.Duration(float64(queued) / b.o.rate * float64(time.Second)))
+				for time.Now().Before(due) && !quit.Load() {
+				}
+			}
+			n, err := ep.SendBatch(msgs, dst, time.Now().Add(10*time.Millisecond))
+			if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 				*errp = err
 				return
 			}
+			queued += n
 		}
 		sent.Add(r.Stats().TXPackets.Load() - tx0)
 	}()
@@ -488,7 +499,11 @@ func report(o options, res map[string][]sample) {
 	if o.split {
 		place = "split (senders on CPU 0; receiving NAPI thread and receiver on CPU 1)"
 	}
-	fmt.Fprintf(&sb, "%d-byte UDP, %d runs of %v, batch %d, ring poll %v, placement %s\n\n", o.size, o.runs, o.duration, o.batch, o.poll, place)
+	offered := "as fast as the sender goes"
+	if o.rate > 0 {
+		offered = fmt.Sprintf("paced at %.3f Mpps", o.rate/1e6)
+	}
+	fmt.Fprintf(&sb, "%d-byte UDP, %d runs of %v, batch %d, ring poll %v, placement %s, RX load %s\n\n", o.size, o.runs, o.duration, o.batch, o.poll, place, offered)
 	sb.WriteString("| path | measured | median Mpps | spread Mpps |\n|---|---|---|---|\n")
 	for _, c := range []struct{ name, what string }{
 		{"tx-kernel", "sendmmsg, arrived at peer XDP"}, {"tx-ring", "ring endpoint, arrived at peer XDP"},
