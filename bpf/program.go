@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -144,6 +145,9 @@ func loadError(err error) error {
 	}
 	var verr *ebpf.VerifierError
 	if errors.As(err, &verr) {
+		if strings.Contains(verr.Error(), "!root") {
+			return fmt.Errorf("bpf: load steering program: the verifier needs CAP_PERFMON (or root) for packet pointer arithmetic: grant CAP_PERFMON besides CAP_BPF and CAP_NET_ADMIN: %w", err)
+		}
 		return fmt.Errorf("bpf: load steering program: rejected by the kernel verifier (needs Linux 5.10+ with BTF and AF_XDP; report the log below): %w", err)
 	}
 	return fmt.Errorf("bpf: load steering program: %w", err)
