@@ -417,17 +417,54 @@ func (ep *Endpoint) Close() error {
 	for _, m := range ms.groups {
 		ep.dropGroup(m, &memberships{})
 	}
-	r.mu.Lock()
-	r.table.Store(r.table.Load().withoutEndpoint(ep))
-	// Steering goes first so no new frame is redirected for the port.
-	for _, d := range ep.steered {
-		r.delFlowLocked(r.udpFlow(netip.AddrPortFrom(d, ep.local.Port())))
-	}
-	r.mu.Unlock()
-	// Wait until the engine holds no reference, then free the rest.
-	r.sync()
+	r.retire(ep)
 	ep.release()
 	return nil
+}
+
+// retireBatch is a set of endpoints leaving the table together.
+type retireBatch struct {
+	eps  map[*Endpoint]bool
+	done chan struct{}
+}
+
+// retire removes ep from the table and from steering, and returns once the
+// engine holds no reference to it. Endpoints closed at the same time (a
+// client with a thousand sockets dies) share one table copy and one wait for
+// the engine: closing them one by one costs a copy of the table each.
+func (r *Ring) retire(ep *Endpoint) {
+	r.retireMu.Lock()
+	if r.retiring == nil {
+		r.retiring = &retireBatch{eps: map[*Endpoint]bool{}, done: make(chan struct{})}
+	}
+	mine := r.retiring
+	mine.eps[ep] = true
+	if r.retireBusy {
+		// Another closer is working; it takes this batch next.
+		r.retireMu.Unlock()
+		<-mine.done
+		return
+	}
+	r.retireBusy = true
+	for r.retiring != nil {
+		b := r.retiring
+		r.retiring = nil
+		r.retireMu.Unlock()
+		r.mu.Lock()
+		r.table.Store(r.table.Load().withoutEndpoints(b.eps))
+		// Steering goes first so no new frame is redirected for the port.
+		for e := range b.eps {
+			for _, d := range e.steered {
+				r.delFlowLocked(r.udpFlow(netip.AddrPortFrom(d, e.local.Port())))
+			}
+		}
+		r.mu.Unlock()
+		r.sync()
+		close(b.done)
+		r.retireMu.Lock()
+	}
+	r.retireBusy = false
+	r.retireMu.Unlock()
 }
 
 func (r *Ring) udpFlow(dst netip.AddrPort) bpf.Flow {

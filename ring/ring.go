@@ -122,6 +122,11 @@ type Ring struct {
 	closed bool
 	// flowRefs counts the endpoints using each steering entry.
 	flowRefs map[bpf.Flow]int
+	// retireMu guards the batch of endpoints waiting to leave the table
+	// and whether a closer is already removing one (see retire).
+	retireMu   sync.Mutex
+	retiring   *retireBatch
+	retireBusy bool
 
 	// doorbell wakes the sleeping engine: endpoints ring it when they queue
 	// datagrams, resolvers when a next hop is ready, Close when it stops.

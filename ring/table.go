@@ -55,13 +55,13 @@ func (t *table) withoutKey(key netip.AddrPort, ep *Endpoint) *table {
 	return n
 }
 
-// withoutEndpoint returns a copy of t without ep anywhere.
-func (t *table) withoutEndpoint(ep *Endpoint) *table {
+// withoutEndpoints returns a copy of t without the endpoints in gone.
+func (t *table) withoutEndpoints(gone map[*Endpoint]bool) *table {
 	n := &table{byAddr: make(map[netip.AddrPort][]*Endpoint, len(t.byAddr))}
 	for k, v := range t.byAddr {
 		var kept []*Endpoint
 		for _, e := range v {
-			if e != ep {
+			if !gone[e] {
 				kept = append(kept, e)
 			}
 		}
@@ -70,7 +70,7 @@ func (t *table) withoutEndpoint(ep *Endpoint) *table {
 		}
 	}
 	for _, e := range t.all {
-		if e != ep {
+		if !gone[e] {
 			n.all = append(n.all, e)
 		}
 	}
