@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -372,6 +373,11 @@ func startChild(t *testing.T, bin, role string, env []string, cred *syscall.Cred
 	}
 	c := &child{cmd: cmd, out: bufio.NewReader(stdout), err: &strings.Builder{}}
 	cmd.Stderr = c.err
+	// Pdeathsig fires when the forking OS thread exits, not the process:
+	// Go ends threads whose goroutine exits locked (netlab's namespace
+	// switches do), so keep the forking thread ours until the test ends.
+	runtime.LockOSThread()
+	t.Cleanup(runtime.UnlockOSThread)
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start child %s: %v", role, err)
 	}

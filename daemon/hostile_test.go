@@ -30,7 +30,7 @@ func TestHostileClientMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeAll(r.fds)
+	defer func() { closeAll(r.fds) }() // r.fds is emptied once closed below: no double close
 	or := r.m.(*ctlproto.OpenReply)
 	id := r.h.Socket
 	if _, err := bad.ok(ctlproto.CodeBind, id, ctlproto.Bind{Addr: netip.AddrPortFrom(l.p.A.Addr4(), 0)}); err != nil {

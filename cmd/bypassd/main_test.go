@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -58,6 +59,10 @@ func startDaemon(t *testing.T, ns *netlab.NS, args ...string) *proc {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Pdeathsig fires when the forking OS thread exits, not the process:
+	// keep the forking thread ours until the test ends.
+	runtime.LockOSThread()
+	t.Cleanup(runtime.UnlockOSThread)
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
