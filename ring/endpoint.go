@@ -130,8 +130,9 @@ func (r *Ring) BindUDP(addr netip.AddrPort) (*Endpoint, error) {
 }
 
 // Bind binds a UDP endpoint to addr on the ring. addr's IP must be one of
-// the interface's addresses or the unspecified address of its family (all
-// of them); port 0 picks a free port. The port is also reserved in the
+// the interface's addresses, the unspecified address of its family (all of
+// them) or a multicast group (received once joined); port 0 picks a free
+// port. The port is also reserved in the
 // kernel with an ordinary socket so no other program can take it.
 func (r *Ring) Bind(addr netip.AddrPort, opts BindOptions) (_ *Endpoint, err error) {
 	addr = unmap(addr)
@@ -150,6 +151,9 @@ func (r *Ring) Bind(addr netip.AddrPort, opts BindOptions) (_ *Endpoint, err err
 		if len(dsts) == 0 {
 			return nil, fail(fmt.Errorf("%s has no %s address to receive on: %w", r.cfg.Interface, familyName(ip), unix.EADDRNOTAVAIL))
 		}
+	} else if ip.IsMulticast() {
+		// Bound to a group: it receives nothing until it joins it
+		// (JoinGroup steers the group then).
 	} else {
 		local, err := r.Owns(ip)
 		if err != nil {
@@ -196,7 +200,13 @@ func (r *Ring) Bind(addr netip.AddrPort, opts BindOptions) (_ *Endpoint, err err
 		}
 		added = append(added, f)
 	}
-	r.table.Store(r.table.Load().withEndpoint(ep.local, ep))
+	t := r.table.Load()
+	if ip.IsMulticast() {
+		t = t.withListed(ep) // its receive key comes with JoinGroup
+	} else {
+		t = t.withEndpoint(ep.local, ep)
+	}
+	r.table.Store(t)
 	// A sleeping engine armed the wake-up flags of the queues it knew;
 	// wake it so it arms this one's too, or the first datagram would wait
 	// for its timeout.

@@ -148,6 +148,27 @@ func TestMulticast(t *testing.T) {
 	}
 }
 
+// TestBindGroupAddress: a socket bound to the group address itself receives
+// the group once it joins, and only the group.
+func TestBindGroupAddress(t *testing.T) {
+	l := newLab(t, ring.Config{})
+	group := netip.MustParseAddr("239.9.9.9")
+	ep, err := l.r.Bind(netip.AddrPortFrom(group, 0), ring.BindOptions{})
+	if err != nil {
+		t.Fatalf("bind a group address: %v", err)
+	}
+	defer ep.Close()
+	if err := ep.JoinGroup(group, netip.Addr{}); err != nil {
+		t.Fatal(err)
+	}
+	sender := multicastSender(t, l.p.B.NS, l.p.B.Index, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	if _, err := sender.WriteToUDPAddrPort([]byte("to the group"), netip.AddrPortFrom(group, ep.LocalAddr().Port())); err != nil {
+		t.Fatal(err)
+	}
+	expectDatagrams(t, ep, [][]byte{[]byte("to the group")})
+	expectNothing(t, ep) // exactly one copy
+}
+
 func TestSourceSpecificMulticast(t *testing.T) {
 	l := newLab(t, ring.Config{})
 	// A second address in B is the source we do not want.

@@ -33,7 +33,13 @@ func (t *table) withKey(key netip.AddrPort, ep *Endpoint) *table {
 
 // withEndpoint returns a copy of t listing ep and receiving at key.
 func (t *table) withEndpoint(key netip.AddrPort, ep *Endpoint) *table {
-	n := t.withKey(key, ep)
+	return t.withKey(key, ep).withListed(ep)
+}
+
+// withListed returns a copy of t that lists ep (for its TX queue) without a
+// receive key.
+func (t *table) withListed(ep *Endpoint) *table {
+	n := t.clone()
 	n.all = append(n.all, ep)
 	return n
 }
