@@ -6,7 +6,7 @@ GOFLAGS  ?=
 PKGS     := ./...
 BIN      := bin
 # Debian packages the tests, demo and benchmarks use.
-APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev
+APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev prometheus
 TEST_TIMEOUT ?= 14m
 
 .PHONY: all deps build test bench demo generate check-generated lint fmt clean

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"os/user"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/stats"
 )
 
 // Defaults of Config fields left at their zero value.
@@ -94,8 +96,10 @@ type Config struct {
 
 	// RunDir holds the per-interface lock files (default /run/bypassd).
 	RunDir string
-	// StatsDir is created at start; files in it named after a process id
-	// that no longer exists are removed (default /run/bypassd/stats).
+	// StatsDir holds the stats files: "<pid>" per client process and
+	// "bypassd.<pid>" for the daemon (docs/stats-file.md). It is created at
+	// start, and files that dead processes or a crashed daemon left are
+	// removed (default /run/bypassd/stats). One directory per daemon.
 	StatsDir string
 
 	// RXPoll is how long clients spin on an empty queue before sleeping
@@ -125,10 +129,30 @@ type Config struct {
 	// CPUs pins the ring engine threads (empty: no pinning).
 	CPUs []int
 
+	// StatsInterval is how often the stats files are rewritten (default
+	// 100 ms; at least 1 ms). Negative: no stats files at all (the data
+	// path is the same either way; publishing costs one pass over the
+	// counters per interval).
+	StatsInterval time.Duration
+	// MetricsAddr is the host:port where /metrics is served for
+	// Prometheus (empty: not served). A port of 0 picks a free one; see
+	// Daemon.MetricsAddr.
+	MetricsAddr string
+	// MetricsMaxClients is how many client processes get metrics series
+	// of their own (default stats.DefaultMaxClients); the rest are summed
+	// under pid="other", so the series count stays bounded.
+	MetricsMaxClients int
+	// Version is the daemon's version string, shown in its stats file and
+	// in bypassd_build_info.
+	Version string
+
 	// LogLevel, if set, is the level of the logger given to New, so that
 	// Daemon.SetLogLevel can change it at run time.
 	LogLevel *zap.AtomicLevel
 }
+
+// DefaultStatsInterval is how often stats files are rewritten by default.
+const DefaultStatsInterval = 100 * time.Millisecond
 
 // withDefaults returns c with zero fields set to their defaults.
 func (c Config) withDefaults() Config {
@@ -155,6 +179,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Frames == 0 {
 		c.Frames = DefaultFrames
+	}
+	if c.StatsInterval == 0 {
+		c.StatsInterval = DefaultStatsInterval
+	}
+	if c.MetricsMaxClients == 0 {
+		c.MetricsMaxClients = stats.DefaultMaxClients
+	}
+	if c.Version == "" {
+		c.Version = "dev"
 	}
 	return c
 }
@@ -228,6 +261,17 @@ func (c Config) resolve() (resolved, error) {
 		if cpu < 0 || cpu >= 1<<16 {
 			return r, fmt.Errorf("CPU %d: not a CPU number", cpu)
 		}
+	}
+	if c.StatsInterval > 0 && c.StatsInterval < time.Millisecond {
+		return r, fmt.Errorf("stats interval %v: at least 1ms (negative turns stats files off; so does --stats-interval 0)", c.StatsInterval)
+	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			return r, fmt.Errorf("metrics address %q: want HOST:PORT such as 127.0.0.1:9465 (empty: no metrics)", c.MetricsAddr)
+		}
+	}
+	if c.MetricsMaxClients < 0 {
+		return r, fmt.Errorf("metrics max clients %d: must be positive", c.MetricsMaxClients)
 	}
 	return r, nil
 }

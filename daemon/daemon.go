@@ -43,6 +43,11 @@ type Daemon struct {
 	// another client's socket by accident.
 	nextSocket atomic.Uint32
 
+	started time.Time
+	ctl     ctlCounters
+	stats   statsState
+	metrics *metricsServer
+
 	mu       sync.Mutex
 	sessions map[*session]struct{}
 	serving  bool
@@ -79,8 +84,9 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	d := &Daemon{cfg: rc, log: log, sessions: map[*session]struct{}{},
+	d := &Daemon{cfg: rc, log: log, sessions: map[*session]struct{}{}, started: time.Now(),
 		stop: make(chan struct{}), served: make(chan struct{})}
+	d.stats.clients = map[int]*clientStats{}
 	defer func() {
 		if err != nil {
 			_ = d.release()
@@ -128,10 +134,17 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 		}
 		d.rings = append(d.rings, &ringInfo{r: r, it: it, log: rlog})
 	}
+	if err := d.startStats(); err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	if err := d.startMetrics(); err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
 	log.Info("bypassd ready", zap.String("socket", rc.SocketPath), zap.Stringers("interfaces", rc.Interfaces),
 		zap.Int("queue_bytes", rc.QueueBytes), zap.Int32("rx_poll_us", pollMicros(rc.RXPoll)),
 		zap.Duration("engine_poll", rc.EnginePoll), zap.Int("max_sockets", rc.MaxSockets),
-		zap.Int64("max_queue_memory", rc.MaxQueueMemory))
+		zap.Int64("max_queue_memory", rc.MaxQueueMemory), zap.String("stats_dir", rc.StatsDir),
+		zap.Duration("stats_interval", rc.StatsInterval), zap.String("metrics", d.MetricsAddr()))
 	return d, nil
 }
 
@@ -320,6 +333,13 @@ func (d *Daemon) Close() error {
 // release frees the resources New acquired, in reverse order.
 func (d *Daemon) release() error {
 	var errs []error
+	// Readers of the rings' counters stop before the rings close.
+	if err := d.stopMetrics(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := d.stopStats(); err != nil {
+		errs = append(errs, err)
+	}
 	for i := len(d.rings) - 1; i >= 0; i-- {
 		if err := d.rings[i].r.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close ring %s: %w", d.rings[i].it, err))

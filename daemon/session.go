@@ -11,13 +11,17 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/ring"
+	"github.com/bypassd/bypassd/stats"
 )
 
 // maxMalformed is how many refused messages in a row end a session.
 const maxMalformed = 3
 
 // session is one client connection. Its goroutine (run) is the only one
-// touching the socket table; others may only call stop.
+// changing the socket table and the sockets; it does so holding pub, under
+// which the stats publisher and the metrics collector read them. Others may
+// only call stop.
 type session struct {
 	d    *Daemon
 	conn *ctlproto.Conn
@@ -26,16 +30,30 @@ type session struct {
 
 	hello     bool
 	malformed int
-	sockets   map[uint32]*socket
-	queueMem  int64
 	// limitWarned: a limit hit was logged at Warn already.
 	limitWarned bool
+	// client is the stats of the session's process (nil: a tool session,
+	// or stats files are off).
+	client *clientStats
+
+	// pub guards what readers of the counters look at: the socket table,
+	// each socket's endpoint and options, and the counters of sockets that
+	// are closing or closed.
+	pub      sync.Mutex
+	sockets  map[uint32]*socket
+	queueMem int64
+	// closing holds the endpoints of sockets being released at session
+	// end (no longer in sockets, still counting); retired sums the final
+	// counters of the session's closed sockets, so totals never go back.
+	closing map[*ring.Endpoint]struct{}
+	retired stats.SocketCounters
+	opened  uint64
 
 	stopOnce sync.Once
 }
 
 func newSession(d *Daemon, c *ctlproto.Conn, cred unix.Ucred) *session {
-	return &session{d: d, conn: c, cred: cred, sockets: map[uint32]*socket{},
+	return &session{d: d, conn: c, cred: cred, sockets: map[uint32]*socket{}, closing: map[*ring.Endpoint]struct{}{},
 		log: d.log.With(zap.Int32("pid", cred.Pid), zap.Uint32("uid", cred.Uid), zap.Uint32("gid", cred.Gid))}
 }
 
@@ -60,6 +78,7 @@ func (s *session) sendShutdown() {
 // everything the client held.
 func (s *session) run() {
 	defer s.d.forget(s)
+	defer s.d.leaveClient(s)
 	defer s.release()
 	for {
 		h, msg, fds, err := s.conn.Recv()
@@ -97,6 +116,7 @@ func isRefused(err error) bool {
 func (s *session) refused(h ctlproto.Header, err error) bool {
 	errno := ctlproto.Errno(err)
 	s.malformed++
+	s.d.ctl.malformed.Add(1)
 	s.log.Debug("refused message", zap.Stringer("code", h.Code), zap.Uint32("req", h.ReqID),
 		zap.Uint32("socket", h.Socket), zap.String("errno", unix.ErrnoName(errno)), zap.Error(err), zap.Int("in_a_row", s.malformed))
 	if !errors.Is(err, ctlproto.ErrShort) {
@@ -105,6 +125,7 @@ func (s *session) refused(h ctlproto.Header, err error) bool {
 		}
 	}
 	if s.malformed >= maxMalformed {
+		s.d.ctl.malformedCloses.Add(1)
 		s.log.Warn("closing session: too many malformed messages in a row", zap.Int("count", s.malformed), zap.Error(err))
 		return false
 	}
@@ -126,6 +147,7 @@ func (s *session) reply(h ctlproto.Header, body ctlproto.Message, fds ...int) bo
 // fail answers h with the errno err carries (EIO when none) and logs why.
 func (s *session) fail(h ctlproto.Header, err error) bool {
 	errno := errnoOf(err)
+	s.d.ctl.count(h.Code, true)
 	s.log.Debug("request failed", zap.Stringer("code", h.Code), zap.Uint32("req", h.ReqID),
 		zap.Uint32("socket", h.Socket), zap.String("errno", unix.ErrnoName(errno)), zap.Error(err))
 	return s.reply(ctlproto.ErrorReply(h, errno), nil)
@@ -152,6 +174,7 @@ func (s *session) handle(h ctlproto.Header, msg ctlproto.Message) bool {
 		return s.refused(h, fmt.Errorf("%w: a client sends requests only, not %v", ctlproto.ErrMalformed, h.Code))
 	}
 	s.malformed = 0
+	s.d.ctl.count(h.Code, false)
 	if !s.hello {
 		if h.Code != ctlproto.CodeHello {
 			s.fail(h, fmt.Errorf("%v before HELLO: HELLO must be the first message: %w", h.Code, unix.EPROTO))
@@ -163,12 +186,25 @@ func (s *session) handle(h ctlproto.Header, msg ctlproto.Message) bool {
 	if h.Code == ctlproto.CodeHello {
 		return s.fail(h, fmt.Errorf("second HELLO: %w", unix.EPROTO))
 	}
-	if h.Code == ctlproto.CodeOpen {
+	switch h.Code {
+	case ctlproto.CodeOpen:
 		m, ok := msg.(*ctlproto.Open)
 		if !ok {
 			return s.fail(h, fmt.Errorf("OPEN body %T: %w", msg, unix.EINVAL))
 		}
 		return s.onOpen(h, m)
+	case ctlproto.CodeSetLogLevel:
+		m, ok := msg.(*ctlproto.LogLevel)
+		if !ok {
+			return s.fail(h, fmt.Errorf("SET_LOG_LEVEL body %T: %w", msg, unix.EINVAL))
+		}
+		return s.onSetLogLevel(h, m)
+	case ctlproto.CodeZeroStats:
+		m, ok := msg.(*ctlproto.ZeroStats)
+		if !ok {
+			return s.fail(h, fmt.Errorf("ZERO_STATS body %T: %w", msg, unix.EINVAL))
+		}
+		return s.onZeroStats(h, m)
 	}
 	k := s.sockets[h.Socket]
 	if k == nil {
@@ -176,6 +212,9 @@ func (s *session) handle(h ctlproto.Header, msg ctlproto.Message) bool {
 	}
 	var body ctlproto.Message = ctlproto.Empty{}
 	var err error
+	// Requests change what the stats publisher reads: hold pub while
+	// serving one (not while replying).
+	s.pub.Lock()
 	switch m := msg.(type) {
 	case *ctlproto.Bind:
 		var ap ctlproto.BindReply
@@ -202,6 +241,7 @@ func (s *session) handle(h ctlproto.Header, msg ctlproto.Message) bool {
 	default:
 		err = fmt.Errorf("%v body %T: %w", h.Code, msg, unix.EINVAL)
 	}
+	s.pub.Unlock()
 	if err != nil {
 		return s.fail(h, err)
 	}
@@ -222,6 +262,10 @@ func (s *session) onHello(h ctlproto.Header, msg ctlproto.Message) bool {
 	}
 	s.hello = true
 	cfg := &s.d.cfg
+	s.d.ctl.sessionsTotal.Add(1)
+	if m.Flags&ctlproto.HelloFlagNoStats == 0 {
+		s.d.joinClient(s, m.Name)
+	}
 	s.log.Debug("client said hello")
 	return s.reply(ctlproto.ReplyHeader(h), ctlproto.HelloReply{
 		Version:           ctlproto.Version,
@@ -247,6 +291,21 @@ func (s *session) release() {
 		return
 	}
 	start := time.Now()
+	// The sockets leave the table at once; their endpoints keep counting
+	// (as closing) until they are closed, then their final counters go to
+	// retired. Readers wait for neither.
+	s.pub.Lock()
+	all := s.sockets
+	s.sockets = map[uint32]*socket{}
+	s.queueMem = 0
+	eps := make([]*ring.Endpoint, 0, n)
+	for _, k := range all {
+		if k.ep != nil {
+			s.closing[k.ep] = struct{}{}
+			eps = append(eps, k.ep)
+		}
+	}
+	s.pub.Unlock()
 	work := make(chan *socket)
 	var wg sync.WaitGroup
 	for i := 0; i < min(n, releaseWorkers); i++ {
@@ -258,12 +317,15 @@ func (s *session) release() {
 			}
 		}()
 	}
-	for _, k := range s.sockets {
+	for _, k := range all {
 		work <- k
 	}
 	close(work)
 	wg.Wait()
-	clear(s.sockets)
-	s.queueMem = 0
+	s.pub.Lock()
+	for _, ep := range eps {
+		s.retire(ep)
+	}
+	s.pub.Unlock()
 	s.log.Debug("session ended; sockets released", zap.Int("sockets", n), zap.Duration("took", time.Since(start)))
 }

@@ -24,6 +24,12 @@ type socket struct {
 	// rxOffset. tx and rx are the two queues' memory within it.
 	mem    []byte
 	tx, rx []byte
+	// txq and rxq view the two queues, for their occupancy only (the
+	// engine and the client own the indexes).
+	txq, rxq *shmq.Queue
+	// rxMax and txMax are the highest occupancy the stats publisher saw
+	// since the last reset (guarded by the session's pub).
+	rxMax, txMax uint64
 	// rxWait and txWait are the daemon's ends of the eventfds the client
 	// sleeps on, until the socket is bound. A bind hands the endpoint
 	// duplicates, so a failed bind (which closes what it was given) leaves
@@ -74,10 +80,10 @@ func newSocket(id uint32, family uint16, queueBytes int, home *ringInfo) (_ *soc
 	qs := shmq.Size(queueBytes)
 	k.tx = k.mem[:qs:qs]
 	k.rx = k.mem[rxOffset(queueBytes) : rxOffset(queueBytes)+qs : rxOffset(queueBytes)+qs]
-	if _, err = shmq.Init(k.tx, queueBytes); err != nil {
+	if k.txq, err = shmq.Init(k.tx, queueBytes); err != nil {
 		return nil, -1, fmt.Errorf("format TX queue: %w", err)
 	}
-	if _, err = shmq.Init(k.rx, queueBytes); err != nil {
+	if k.rxq, err = shmq.Init(k.rx, queueBytes); err != nil {
 		return nil, -1, fmt.Errorf("format RX queue: %w", err)
 	}
 	if k.rxWait, err = shmq.NewWaiter(); err != nil {
@@ -104,7 +110,7 @@ func (k *socket) close() {
 	}
 	if k.mem != nil {
 		_ = shmq.Unmap(k.mem)
-		k.mem, k.tx, k.rx = nil, nil, nil
+		k.mem, k.tx, k.rx, k.txq, k.rxq = nil, nil, nil, nil, nil
 	}
 }
 
@@ -164,8 +170,12 @@ func (s *session) onOpen(h ctlproto.Header, m *ctlproto.Open) bool {
 		k.close()
 		return false
 	}
+	s.pub.Lock()
 	s.sockets[id] = k
 	s.queueMem += size
+	s.opened++
+	s.pub.Unlock()
+	s.d.ctl.socketsTotal.Add(1)
 	s.log.Debug("socket opened", zap.Uint32("socket", id), zap.Uint16("family", m.Family), zap.Int("queue_bytes", qb),
 		zap.String("ring", k.home.it.String()))
 	return true
@@ -193,9 +203,14 @@ func (s *session) newSocketID() uint32 {
 	}
 }
 
-// closeSocket releases k and forgets it.
+// closeSocket releases k and forgets it, keeping its final counters in
+// the session's totals. The caller holds s.pub.
 func (s *session) closeSocket(k *socket) {
+	ep := k.ep
 	k.close()
+	if ep != nil {
+		s.retire(ep)
+	}
 	delete(s.sockets, k.id)
 	s.queueMem -= int64(socketMemory(k.queueBytes))
 	s.log.Debug("socket closed", zap.Uint32("socket", k.id))

@@ -1,45 +1,31 @@
 package daemon
 
 import (
-	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
 
 	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/stats"
 )
 
-// prepareStatsDir creates dir and removes the entries a crashed daemon left
-// for clients that are gone: files whose name is the pid of a process that
-// no longer exists. Anything else in it is left alone.
+// prepareStatsDir creates dir and removes what dead processes left in it:
+// files named after a pid that no longer exists, stats files a crashed
+// daemon wrote, half-created files (stats.Clean). Anything else in it is
+// left alone.
 func prepareStatsDir(dir string, log *zap.Logger) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("stats directory %s: %w (choose another with --stats-dir)", dir, err)
 	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return fmt.Errorf("stats directory %s: %w", dir, err)
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return fmt.Errorf("stats directory %s: not a directory (choose another with --stats-dir)", dir)
 	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid <= 0 || e.IsDir() || processAlive(pid) {
-			continue
-		}
-		p := filepath.Join(dir, e.Name())
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			log.Warn("cannot remove stale stats file", zap.String("path", p), zap.Error(err))
-			continue
-		}
-		log.Info("removed stale stats file", zap.String("path", p), zap.Int("pid", pid))
+	removed, err := stats.Clean(dir)
+	for _, r := range removed {
+		log.Info("removed stale stats file", zap.String("path", r.Path), zap.String("why", r.Why))
+	}
+	if err != nil {
+		log.Warn("cannot remove some stale stats files", zap.Error(err))
 	}
 	return nil
-}
-
-// processAlive reports whether pid exists (EPERM: it exists but is not
-// ours to signal).
-func processAlive(pid int) bool {
-	err := unix.Kill(pid, 0)
-	return err == nil || errors.Is(err, unix.EPERM)
 }

@@ -58,11 +58,18 @@ type Endpoint struct {
 type EndpointStats struct {
 	RXPackets, RXBytes atomic.Uint64
 	// RXDropped counts datagrams dropped because the RX queue was full.
-	RXDropped          atomic.Uint64
-	TXPackets, TXBytes atomic.Uint64
+	RXDropped atomic.Uint64
+	// RXBatches counts times the engine published datagrams to the RX
+	// queue, RXWakeups those of them that found the user asleep and woke
+	// it (a poll miss, in VMA's terms).
+	RXBatches, RXWakeups atomic.Uint64
+	TXPackets, TXBytes   atomic.Uint64
 	// TXUnreachable counts datagrams dropped because the next hop could not
 	// be resolved; TXErrors those that could not be encoded or sent.
 	TXUnreachable, TXErrors atomic.Uint64
+	// TXWakeups counts times the engine freed TX room for a user that was
+	// waiting for it (the user's send would have blocked).
+	TXWakeups atomic.Uint64
 }
 
 // HeaderOptions are the per-socket header fields of transmitted datagrams.
@@ -311,6 +318,28 @@ func (ep *Endpoint) HeaderOptions() HeaderOptions { return *ep.opts.Load() }
 
 // Stats returns the endpoint's counters.
 func (ep *Endpoint) Stats() *EndpointStats { return &ep.stats }
+
+// Membership is one multicast group an endpoint receives; Sources is the
+// source-specific filter (empty: any source).
+type Membership struct {
+	Group   netip.Addr
+	Sources []netip.Addr
+}
+
+// Memberships returns the endpoint's multicast memberships (a copy; safe
+// from any goroutine).
+func (ep *Endpoint) Memberships() []Membership {
+	ms := ep.members.Load()
+	out := make([]Membership, len(ms.groups))
+	for i, m := range ms.groups {
+		out[i] = Membership{Group: m.group, Sources: slices.Clone(m.sources)}
+	}
+	return out
+}
+
+// Broken reports whether the endpoint's queues failed (a corrupt queue, or
+// the ring's engine stopped): the ring no longer serves it.
+func (ep *Endpoint) Broken() bool { return ep.broken.Load() }
 
 // JoinGroup makes the endpoint receive datagrams sent to group on its port.
 // A valid source makes the membership source-specific (that source only;

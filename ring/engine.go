@@ -350,7 +350,9 @@ func (e *engine) deliver(t *table, src, dst netip.AddrPort, payload []byte, ts i
 func (e *engine) publishTouched() {
 	for _, ep := range e.touched {
 		ep.touched = false
+		ep.stats.RXBatches.Add(1)
 		if ep.erx.Publish() {
+			ep.stats.RXWakeups.Add(1)
 			_ = ep.rxWait.Wake()
 		}
 	}
@@ -516,6 +518,7 @@ func (e *engine) drain(t *table, ep *Endpoint) (int, error) {
 		n++
 	}
 	if n > 0 && ep.etx.Release() {
+		ep.stats.TXWakeups.Add(1)
 		ep.txWait.Wake()
 	}
 	return n, nil

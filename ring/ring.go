@@ -248,6 +248,9 @@ func (r *Ring) Caps() qp.Caps { return r.prov.Caps() }
 // Interface returns the ring's interface name and queue.
 func (r *Ring) Interface() (string, int) { return r.cfg.Interface, r.cfg.Queue }
 
+// Endpoints returns how many endpoints are bound on the ring.
+func (r *Ring) Endpoints() int { return len(r.table.Load().all) }
+
 // Program returns the XDP steering program the ring uses.
 func (r *Ring) Program() *bpf.Program { return r.prog }
 

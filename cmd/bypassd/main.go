@@ -24,6 +24,7 @@ import (
 
 	"github.com/bypassd/bypassd/daemon"
 	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/stats"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -52,6 +53,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	level := zap.NewAtomicLevelAt(o.logLevel)
 	o.cfg.LogLevel = &level
+	o.cfg.Version = shortVersion()
 	log := newLogger(o.logFormat, level, stderr)
 	defer func() { _ = log.Sync() }()
 
@@ -111,7 +113,8 @@ func newLogger(format string, level zap.AtomicLevel, w io.Writer) *zap.Logger {
 	return zap.New(zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), level))
 }
 
-func versionString() string {
+// shortVersion is the version alone ("1.2.0", or "dev-<commit>").
+func shortVersion() string {
 	v := version
 	if v == "dev" {
 		if bi, ok := debug.ReadBuildInfo(); ok {
@@ -122,5 +125,9 @@ func versionString() string {
 			}
 		}
 	}
-	return fmt.Sprintf("bypassd %s (control protocol v%d, %s)", v, ctlproto.Version, runtime.Version())
+	return v
+}
+
+func versionString() string {
+	return fmt.Sprintf("bypassd %s (control protocol v%d, stats file v%d, %s)", shortVersion(), ctlproto.Version, stats.Version, runtime.Version())
 }

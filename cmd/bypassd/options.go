@@ -18,7 +18,12 @@ import (
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/daemon"
 	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/stats"
 )
+
+// defaultMetricsAddr is where /metrics is served unless configured: the
+// loopback only, so nothing is exposed by default.
+const defaultMetricsAddr = "127.0.0.1:9465"
 
 // options is everything the command line, the environment and the config
 // file decided.
@@ -129,6 +134,37 @@ var settings = []setting{
 	{name: "cpus", arg: "LIST", def: "(no pinning)",
 		usage: "CPUs the ring engine threads run on, e.g. 2,3 or 2-5",
 		apply: func(o *options, v string) (err error) { o.cfg.CPUs, err = parseCPUList(v); return err }},
+	{name: "stats-interval", arg: "DURATION", def: "100ms",
+		usage: "how often the stats files bypass-stats reads are rewritten (0: no stats files)",
+		apply: func(o *options, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil && v == "0" {
+				d, err = 0, nil
+			}
+			switch {
+			case err != nil || d < 0:
+				return fmt.Errorf("want a duration such as 100ms or 1s (0: no stats files)")
+			case d == 0:
+				o.cfg.StatsInterval = -1
+			case d < time.Millisecond:
+				return fmt.Errorf("at least 1ms")
+			default:
+				o.cfg.StatsInterval = d
+			}
+			return nil
+		}},
+	{name: "metrics-addr", arg: "HOST:PORT", def: defaultMetricsAddr,
+		usage: "where Prometheus scrapes /metrics (empty or off: not served)",
+		apply: func(o *options, v string) error {
+			if v == "off" {
+				v = ""
+			}
+			o.cfg.MetricsAddr = v
+			return nil
+		}},
+	{name: "metrics-max-clients", arg: "N", def: strconv.Itoa(stats.DefaultMaxClients),
+		usage: "client processes with metrics series of their own; the rest are summed as pid=\"other\"",
+		apply: func(o *options, v string) (err error) { o.cfg.MetricsMaxClients, err = parseCount(v); return err }},
 	{name: "log-level", arg: "LEVEL", def: "info",
 		usage: "debug, info, warn or error",
 		apply: func(o *options, v string) error {
@@ -176,6 +212,7 @@ type value struct {
 // config file > default. It returns flag.ErrHelp for --help.
 func parseOptions(args []string, getenv func(string) string) (*options, error) {
 	o := &options{logLevel: zapcore.InfoLevel, logFormat: "json"}
+	o.cfg.MetricsAddr = defaultMetricsAddr
 	fs := flag.NewFlagSet("bypassd", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}

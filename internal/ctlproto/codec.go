@@ -58,6 +58,19 @@ const (
 // BindReuseAddr is BIND's flag bit 0 (SO_REUSEADDR semantics).
 const BindReuseAddr = 1
 
+// HelloFlagNoStats is HELLO's flag bit 0: the client is a tool
+// (bypass-stats, bypassctl) that opens no sockets, so the daemon publishes
+// no stats file for it.
+const HelloFlagNoStats = 1
+
+// ZeroStatsAll is ZERO_STATS's pid asking to zero every stats file: the
+// daemon's and every client's.
+const ZeroStatsAll = 0
+
+// ZeroStatsDaemon is ZERO_STATS's flag bit 0: zero the daemon's own file
+// (its rings and control counters); the pid must then be 0.
+const ZeroStatsDaemon = 1
+
 // ShutdownDaemonStopping is SHUTDOWN's reason when the daemon exits. Clients
 // treat any other reason the same way.
 const ShutdownDaemonStopping = 1
@@ -76,21 +89,27 @@ const (
 	CodeJoin       Code = 7
 	CodeLeave      Code = 8
 	CodeClose      Code = 9
-	CodeShutdown   Code = 16
-	ReplyBit       Code = 0x8000
+	// CodeSetLogLevel and CodeZeroStats are administrative requests
+	// (bypass-stats -l and -z); the daemon checks the caller's uid.
+	CodeSetLogLevel Code = 10
+	CodeZeroStats   Code = 11
+	CodeShutdown    Code = 16
+	ReplyBit        Code = 0x8000
 )
 
 var codeNames = map[Code]string{
-	CodeHello:      "HELLO",
-	CodeOpen:       "OPEN",
-	CodeBind:       "BIND",
-	CodeConnect:    "CONNECT",
-	CodeSetSockOpt: "SETSOCKOPT",
-	CodeGetSockOpt: "GETSOCKOPT",
-	CodeJoin:       "JOIN",
-	CodeLeave:      "LEAVE",
-	CodeClose:      "CLOSE",
-	CodeShutdown:   "SHUTDOWN",
+	CodeHello:       "HELLO",
+	CodeOpen:        "OPEN",
+	CodeBind:        "BIND",
+	CodeConnect:     "CONNECT",
+	CodeSetSockOpt:  "SETSOCKOPT",
+	CodeGetSockOpt:  "GETSOCKOPT",
+	CodeJoin:        "JOIN",
+	CodeLeave:       "LEAVE",
+	CodeClose:       "CLOSE",
+	CodeSetLogLevel: "SET_LOG_LEVEL",
+	CodeZeroStats:   "ZERO_STATS",
+	CodeShutdown:    "SHUTDOWN",
 }
 
 // String returns the code's name ("BIND", "BIND-REPLY", "Code(0x63)").
@@ -152,7 +171,9 @@ type Message interface{ isMessage() }
 // Hello is the HELLO request body. Build it with NewHello.
 type Hello struct {
 	MinVersion, MaxVersion uint16
-	Name                   string // program name, informational; at most NameMax bytes, no NUL
+	// Flags: HelloFlagNoStats or 0.
+	Flags uint32
+	Name  string // program name, informational; at most NameMax bytes, no NUL
 }
 
 // HelloReply is the HELLO reply body.
@@ -225,6 +246,26 @@ type Shutdown struct {
 	Reason uint32
 }
 
+// LogLevel is the SET_LOG_LEVEL request body (the level to set) and its
+// reply body (the level before). Levels are zap's: -1 debug, 0 info,
+// 1 warn, 2 error.
+type LogLevel struct {
+	Level int32
+}
+
+// Log levels SET_LOG_LEVEL accepts.
+const (
+	LogLevelDebug = -1
+	LogLevelError = 2
+)
+
+// ZeroStats is the ZERO_STATS request body: the client pid whose stats
+// file is zeroed, ZeroStatsAll, or (Daemon) the daemon's own file.
+type ZeroStats struct {
+	PID    uint32
+	Daemon bool
+}
+
 // Empty is the body of CLOSE requests, of replies without a body and of
 // every failed reply.
 type Empty struct{}
@@ -241,6 +282,8 @@ func (GetSockOpt) isMessage()   {}
 func (SockOptValue) isMessage() {}
 func (Group) isMessage()        {}
 func (Shutdown) isMessage()     {}
+func (LogLevel) isMessage()     {}
+func (ZeroStats) isMessage()    {}
 func (Empty) isMessage()        {}
 
 // Body sizes in bytes.
@@ -255,6 +298,8 @@ const (
 	lenSockOptValue = 68
 	lenGroup        = 36
 	lenShutdown     = 4
+	lenLogLevel     = 4
+	lenZeroStats    = 8
 )
 
 // NewHello returns a HELLO body offering exactly this package's Version,
@@ -328,7 +373,8 @@ func checkHeader(h Header) error {
 		return ErrUnknownCode
 	}
 	switch h.Code {
-	case CodeHello, CodeHello | ReplyBit, CodeOpen, CodeShutdown:
+	case CodeHello, CodeHello | ReplyBit, CodeOpen, CodeShutdown, CodeSetLogLevel, CodeSetLogLevel | ReplyBit,
+		CodeZeroStats, CodeZeroStats | ReplyBit:
 		if h.Socket != 0 {
 			return fmt.Errorf("socket id %d must be 0 for %v", h.Socket, h.Code)
 		}
@@ -366,7 +412,7 @@ func appendBody(b []byte, h Header, body Message) ([]byte, error) {
 		}
 		b = le.AppendUint16(b, m.MinVersion)
 		b = le.AppendUint16(b, m.MaxVersion)
-		b = le.AppendUint32(b, 0)
+		b = le.AppendUint32(b, m.Flags)
 		var name [NameMax]byte
 		copy(name[:], m.Name)
 		return append(b, name[:]...), nil
@@ -485,6 +531,34 @@ func appendBody(b []byte, h Header, body Message) ([]byte, error) {
 			return b, wrongBody(h, body)
 		}
 		return le.AppendUint32(b, m.Reason), nil
+	case CodeSetLogLevel, CodeSetLogLevel | ReplyBit:
+		m, ok := as[LogLevel](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		if err := checkLogLevel(m); err != nil {
+			return b, err
+		}
+		return le.AppendUint32(b, uint32(m.Level)), nil
+	case CodeZeroStats:
+		m, ok := as[ZeroStats](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		if err := checkZeroStats(m); err != nil {
+			return b, err
+		}
+		var flags uint32
+		if m.Daemon {
+			flags = ZeroStatsDaemon
+		}
+		b = le.AppendUint32(b, m.PID)
+		return le.AppendUint32(b, flags), nil
+	case CodeZeroStats | ReplyBit:
+		if !isEmpty(body) {
+			return b, wrongBody(h, body)
+		}
+		return b, nil
 	case CodeClose, CodeConnect | ReplyBit, CodeSetSockOpt | ReplyBit, CodeJoin | ReplyBit,
 		CodeLeave | ReplyBit, CodeClose | ReplyBit:
 		if !isEmpty(body) {
@@ -528,6 +602,9 @@ func appendAddrPort(b []byte, ap netip.AddrPort, flags uint16, zeroOK bool) ([]b
 }
 
 func checkHello(m Hello) error {
+	if m.Flags&^HelloFlagNoStats != 0 {
+		return fmt.Errorf("flags %#x (only bit 0 NO_STATS is defined)", m.Flags)
+	}
 	if m.MinVersion == 0 || m.MinVersion > m.MaxVersion {
 		return fmt.Errorf("version range %d..%d is empty or starts at 0", m.MinVersion, m.MaxVersion)
 	}
@@ -536,6 +613,20 @@ func checkHello(m Hello) error {
 	}
 	if strings.IndexByte(m.Name, 0) >= 0 {
 		return fmt.Errorf("program name contains a NUL byte (use NewHello)")
+	}
+	return nil
+}
+
+func checkZeroStats(m ZeroStats) error {
+	if m.Daemon && m.PID != 0 {
+		return fmt.Errorf("pid %d with the DAEMON flag (the flag names the daemon's file: give pid 0)", m.PID)
+	}
+	return nil
+}
+
+func checkLogLevel(m LogLevel) error {
+	if m.Level < LogLevelDebug || m.Level > LogLevelError {
+		return fmt.Errorf("log level %d (want -1 debug, 0 info, 1 warn or 2 error)", m.Level)
 	}
 	return nil
 }

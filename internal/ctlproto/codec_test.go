@@ -59,6 +59,13 @@ func samples() []sample {
 		{"close", Header{Code: CodeClose, ReqID: 9, Socket: 7}, &Empty{}},
 		{"close-reply", Header{Code: CodeClose | ReplyBit, ReqID: 9, Socket: 7}, &Empty{}},
 		{"shutdown", Header{Code: CodeShutdown}, &Shutdown{Reason: ShutdownDaemonStopping}},
+		{"hello-nostats", Header{Code: CodeHello, ReqID: 1}, &Hello{MinVersion: 1, MaxVersion: 1, Flags: HelloFlagNoStats, Name: "bypass-stats"}},
+		{"set-log-level", Header{Code: CodeSetLogLevel, ReqID: 11}, &LogLevel{Level: LogLevelDebug}},
+		{"set-log-level-reply", Header{Code: CodeSetLogLevel | ReplyBit, ReqID: 11}, &LogLevel{Level: LogLevelError}},
+		{"zero-stats", Header{Code: CodeZeroStats, ReqID: 12}, &ZeroStats{PID: 4242}},
+		{"zero-stats-all", Header{Code: CodeZeroStats, ReqID: 12}, &ZeroStats{PID: ZeroStatsAll}},
+		{"zero-stats-daemon", Header{Code: CodeZeroStats, ReqID: 12}, &ZeroStats{Daemon: true}},
+		{"zero-stats-reply", Header{Code: CodeZeroStats | ReplyBit, ReqID: 12}, &Empty{}},
 		{"error-reply", Header{Code: CodeBind | ReplyBit, ReqID: 3, Socket: 7, Status: unix.EADDRINUSE}, &Empty{}},
 		{"error-reply-unknown-code", Header{Code: 0x63 | ReplyBit, ReqID: 10, Status: unix.ENOSYS}, &Empty{}},
 		{"error-reply-open", Header{Code: CodeOpen | ReplyBit, ReqID: 2, Status: unix.EMFILE}, &Empty{}},
@@ -117,6 +124,12 @@ func TestLayout(t *testing.T) {
 		{Header{Code: CodeHello, ReqID: 1}, Hello{MinVersion: 1, MaxVersion: 2, Name: "ab"},
 			"0100" + "0100" + "01000000" + "00000000" + "00000000" +
 				"0100" + "0200" + "00000000" + "6162" + strings.Repeat("00", 30)},
+		{Header{Code: CodeSetLogLevel, ReqID: 5}, LogLevel{Level: LogLevelDebug},
+			"0a00" + "0100" + "05000000" + "00000000" + "00000000" + "ffffffff"},
+		{Header{Code: CodeZeroStats, ReqID: 6}, ZeroStats{PID: 4242},
+			"0b00" + "0100" + "06000000" + "00000000" + "00000000" + "92100000" + "00000000"},
+		{Header{Code: CodeZeroStats, ReqID: 7}, ZeroStats{Daemon: true},
+			"0b00" + "0100" + "07000000" + "00000000" + "00000000" + "00000000" + "01000000"},
 	}
 	for _, c := range cases {
 		b, err := Marshal(nil, c.h, c.body)
@@ -170,6 +183,11 @@ func TestMarshalRefuses(t *testing.T) {
 		{"empty version range", Header{Code: CodeHello}, Hello{MinVersion: 2, MaxVersion: 1}},
 		{"reply version 0", Header{Code: CodeHello | ReplyBit}, HelloReply{}},
 		{"rx poll -2", Header{Code: CodeHello | ReplyBit}, HelloReply{Version: 1, RXPollMicros: -2}},
+		{"unknown hello flag", Header{Code: CodeHello}, Hello{MinVersion: 1, MaxVersion: 1, Flags: 2}},
+		{"log level 5", Header{Code: CodeSetLogLevel}, LogLevel{Level: 5}},
+		{"socket in zero-stats", Header{Code: CodeZeroStats, Socket: 3}, ZeroStats{}},
+		{"zero-stats daemon with pid", Header{Code: CodeZeroStats}, ZeroStats{PID: 5, Daemon: true}},
+		{"body in zero-stats reply", Header{Code: CodeZeroStats | ReplyBit}, ZeroStats{}},
 		{"bad family", Header{Code: CodeOpen}, Open{Family: 1, Type: TypeDgram}},
 		{"bad type", Header{Code: CodeOpen}, Open{Family: FamilyInet, Type: unix.SOCK_STREAM}},
 		{"queue not pow2", Header{Code: CodeOpen}, Open{Family: FamilyInet, Type: TypeDgram, QueueBytes: 5000}},
@@ -250,7 +268,14 @@ func TestUnmarshalRefuses(t *testing.T) {
 		{"socket in open", mut("open-inet", set32(12, 1)), ErrMalformed, unix.EINVAL, true},
 		{"socket in shutdown", mut("shutdown", set32(12, 1)), ErrMalformed, unix.EINVAL, true},
 		{"open reply without socket", mut("open-reply", set32(12, 0)), ErrMalformed, unix.EINVAL, true},
-		{"hello flags", mut("hello", set8(H+4, 1)), ErrMalformed, unix.EINVAL, true},
+		{"hello flags", mut("hello", set8(H+4, 2)), ErrMalformed, unix.EINVAL, true},
+		{"log level -2", mut("set-log-level", set32(H, 0xfffffffe)), ErrMalformed, unix.EINVAL, true},
+		{"log level 3", mut("set-log-level-reply", set32(H, 3)), ErrMalformed, unix.EINVAL, true},
+		{"socket in set-log-level", mut("set-log-level", set32(12, 1)), ErrMalformed, unix.EINVAL, true},
+		{"socket in zero-stats", mut("zero-stats", set32(12, 1)), ErrMalformed, unix.EINVAL, true},
+		{"zero-stats flags", mut("zero-stats", set8(H+4, 2)), ErrMalformed, unix.EINVAL, true},
+		{"zero-stats daemon with pid", mut("zero-stats", set8(H+4, 1)), ErrMalformed, unix.EINVAL, true},
+		{"body on zero-stats reply", mut("zero-stats-reply", func(b []byte) []byte { return append(b, 0, 0, 0, 0) }), ErrMalformed, unix.EINVAL, true},
 		{"hello min 0", mut("hello", set16(H, 0)), ErrMalformed, unix.EINVAL, true},
 		{"hello min > max", mut("hello", set16(H, 4)), ErrMalformed, unix.EINVAL, true},
 		{"hello name not NUL padded", mut("hello", set8(H+8+NameMax-1, 'x')), ErrMalformed, unix.EINVAL, true},
@@ -343,11 +368,13 @@ func TestNewHello(t *testing.T) {
 
 func TestCodeString(t *testing.T) {
 	cases := map[Code]string{
-		CodeBind:            "BIND",
-		CodeBind | ReplyBit: "BIND-REPLY",
-		CodeShutdown:        "SHUTDOWN",
-		0x63:                "Code(0x63)",
-		0x63 | ReplyBit:     "Code(0x63)-REPLY",
+		CodeBind:                   "BIND",
+		CodeBind | ReplyBit:        "BIND-REPLY",
+		CodeShutdown:               "SHUTDOWN",
+		CodeZeroStats:              "ZERO_STATS",
+		CodeSetLogLevel | ReplyBit: "SET_LOG_LEVEL-REPLY",
+		0x63:                       "Code(0x63)",
+		0x63 | ReplyBit:            "Code(0x63)-REPLY",
 	}
 	for c, want := range cases {
 		if got := c.String(); got != want {

@@ -76,6 +76,10 @@ func bodyLen(h Header) int {
 		return lenGroup
 	case CodeShutdown:
 		return lenShutdown
+	case CodeSetLogLevel, CodeSetLogLevel | ReplyBit:
+		return lenLogLevel
+	case CodeZeroStats:
+		return lenZeroStats
 	}
 	return 0
 }
@@ -90,9 +94,6 @@ func decodeBody(h Header, b []byte) (Message, error) {
 	}
 	switch h.Code {
 	case CodeHello:
-		if flags := le.Uint32(b[4:]); flags != 0 {
-			return nil, fmt.Errorf("flags %#x (must be 0)", flags)
-		}
 		name := b[8 : 8+NameMax]
 		n := bytes.IndexByte(name, 0)
 		if n < 0 {
@@ -103,7 +104,7 @@ func decodeBody(h Header, b []byte) (Message, error) {
 				return nil, fmt.Errorf("program name is not NUL padded")
 			}
 		}
-		m := &Hello{MinVersion: le.Uint16(b[0:]), MaxVersion: le.Uint16(b[2:]), Name: string(name[:n])}
+		m := &Hello{MinVersion: le.Uint16(b[0:]), MaxVersion: le.Uint16(b[2:]), Flags: le.Uint32(b[4:]), Name: string(name[:n])}
 		return m, checkHello(*m)
 	case CodeHello | ReplyBit:
 		if r := le.Uint16(b[2:]); r != 0 {
@@ -167,7 +168,17 @@ func decodeBody(h Header, b []byte) (Message, error) {
 		return &Group{Group: g, Source: decodeAddr(b[16:32], true), Ifindex: le.Uint32(b[32:])}, nil
 	case CodeShutdown:
 		return &Shutdown{Reason: le.Uint32(b[0:])}, nil
-	case CodeClose, CodeConnect | ReplyBit, CodeSetSockOpt | ReplyBit, CodeJoin | ReplyBit,
+	case CodeSetLogLevel, CodeSetLogLevel | ReplyBit:
+		m := &LogLevel{Level: int32(le.Uint32(b[0:]))}
+		return m, checkLogLevel(*m)
+	case CodeZeroStats:
+		flags := le.Uint32(b[4:])
+		if flags&^ZeroStatsDaemon != 0 {
+			return nil, fmt.Errorf("flags %#x (only bit 0 DAEMON is defined)", flags)
+		}
+		m := &ZeroStats{PID: le.Uint32(b[0:]), Daemon: flags&ZeroStatsDaemon != 0}
+		return m, checkZeroStats(*m)
+	case CodeClose, CodeZeroStats | ReplyBit, CodeConnect | ReplyBit, CodeSetSockOpt | ReplyBit, CodeJoin | ReplyBit,
 		CodeLeave | ReplyBit, CodeClose | ReplyBit:
 		return &Empty{}, nil
 	}
