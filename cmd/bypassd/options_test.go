@@ -49,6 +49,42 @@ func TestOptionsAll(t *testing.T) {
 	}
 }
 
+func TestStatsAndMetricsOptions(t *testing.T) {
+	o, err := parseOptions([]string{"-i", "eth1"}, env(nil))
+	if err != nil || o.cfg.MetricsAddr != "127.0.0.1:9465" || o.cfg.StatsInterval != 0 || o.cfg.MetricsMaxClients != 0 {
+		t.Fatalf("defaults: %+v %v", o.cfg, err)
+	}
+	o, err = parseOptions([]string{"-i", "eth1", "--stats-interval", "250ms", "--metrics-addr", "[::1]:9100",
+		"--metrics-max-clients", "7"}, env(nil))
+	if err != nil || o.cfg.StatsInterval != 250*time.Millisecond || o.cfg.MetricsAddr != "[::1]:9100" || o.cfg.MetricsMaxClients != 7 {
+		t.Errorf("set: %+v %v", o.cfg, err)
+	}
+	// 0 turns the stats files off; empty or off turns the metrics off
+	// (the environment cannot be empty, hence "off").
+	for _, args := range [][]string{{"--stats-interval", "0", "--metrics-addr", ""}, {"--stats-interval", "0s", "--metrics-addr", "off"}} {
+		o, err = parseOptions(append([]string{"-i", "eth1"}, args...), env(nil))
+		if err != nil || o.cfg.StatsInterval >= 0 || o.cfg.MetricsAddr != "" {
+			t.Errorf("%v: %+v %v", args, o.cfg, err)
+		}
+	}
+	o, err = parseOptions(nil, env(map[string]string{"BYPASSD_INTERFACES": "eth1", "BYPASSD_METRICS_ADDR": "off", "BYPASSD_STATS_INTERVAL": "1s"}))
+	if err != nil || o.cfg.MetricsAddr != "" || o.cfg.StatsInterval != time.Second {
+		t.Errorf("environment: %+v %v", o.cfg, err)
+	}
+	for args, want := range map[string]string{
+		"--stats-interval=100":      "duration",
+		"--stats-interval=-1s":      "duration",
+		"--stats-interval=10us":     "at least 1ms",
+		"--metrics-addr=9465":       "HOST:PORT",
+		"--metrics-max-clients=0":   "positive number",
+		"--metrics-max-clients=few": "positive number",
+	} {
+		if _, err := parseOptions([]string{"-i", "eth1", args}, env(nil)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v; want %q", args, err, want)
+		}
+	}
+}
+
 func TestOptionsDefaults(t *testing.T) {
 	o, err := parseOptions([]string{"-i", "eth1"}, env(nil))
 	if err != nil {

@@ -1,0 +1,156 @@
+package stats
+
+import (
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+func gather(t *testing.T, m *Metrics, maxClients int) map[string]*dto.MetricFamily {
+	t.Helper()
+	reg, err := NewRegistry(NewCollector(func() *Metrics { return m }, maxClients), BuildInfo{Version: "v9", ProtocolVersion: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*dto.MetricFamily{}
+	for _, f := range fams {
+		out[f.GetName()] = f
+	}
+	return out
+}
+
+func labels(m *dto.Metric) map[string]string {
+	out := map[string]string{}
+	for _, l := range m.GetLabel() {
+		out[l.GetName()] = l.GetValue()
+	}
+	return out
+}
+
+func value(m *dto.Metric) float64 {
+	if c := m.GetCounter(); c != nil {
+		return c.GetValue()
+	}
+	return m.GetGauge().GetValue()
+}
+
+func TestCollector(t *testing.T) {
+	ring := func(iface string, q int, rx uint64) Ring {
+		r := Ring{Interface: iface, Queue: q, Provider: "afxdp", Mode: "native/copy", RXFrames: 10, TXFrames: 6, FrameSize: 2048, Sockets: 2}
+		r.Counters[RingRXPackets] = rx
+		r.Counters[RingRXChecksum] = 3
+		r.Counters[RingXDPRedirected] = 1000
+		return r
+	}
+	m := &Metrics{
+		Rings: []Ring{ring("eth1", 0, 5), ring("eth1", 1, 7), ring("eth2", 0, 11)},
+		Requests: []RequestCount{
+			{Code: "OPEN", Requests: 4, Errors: 1}, {Code: "BIND", Requests: 3},
+		},
+	}
+	m.Daemon[DaemonSessions] = 3
+	m.Daemon[DaemonSocketsTotal] = 9
+	for i, pid := range []int{30, 10, 20} { // started in this order: 30 first
+		c := ClientMetrics{PID: pid, Command: "app" + string(rune('a'+i)), Started: int64(i), Sockets: 1, QueueMemory: 100}
+		c.Totals[SockRXPackets] = uint64(pid)
+		c.Totals[SockTXUnreachable] = 1
+		m.Clients = append(m.Clients, c)
+	}
+	f := gather(t, m, 2)
+
+	// Names follow the conventions: prefix, _total on counters only.
+	for name, fam := range f {
+		if strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_") {
+			continue
+		}
+		if !strings.HasPrefix(name, "bypassd_") {
+			t.Errorf("%s: no bypassd_ prefix", name)
+		}
+		isCounter := fam.GetType() == dto.MetricType_COUNTER
+		if isCounter != strings.HasSuffix(name, "_total") {
+			t.Errorf("%s: type %v (counters, and only they, end in _total)", name, fam.GetType())
+		}
+		if fam.GetHelp() == "" {
+			t.Errorf("%s: no help", name)
+		}
+	}
+	for _, want := range []string{"go_goroutines", "process_cpu_seconds_total", "bypassd_build_info"} {
+		if f[want] == nil {
+			t.Errorf("%s missing", want)
+		}
+	}
+	if bi := f["bypassd_build_info"].GetMetric()[0]; labels(bi)["version"] != "v9" || labels(bi)["stats_version"] != "1" {
+		t.Errorf("build info %v", labels(bi))
+	}
+
+	rx := f["bypassd_ring_rx_packets_total"].GetMetric()
+	if len(rx) != 3 {
+		t.Fatalf("%d ring series", len(rx))
+	}
+	for _, s := range rx {
+		l := labels(s)
+		want := map[string]float64{"eth1/0": 5, "eth1/1": 7, "eth2/0": 11}[l["interface"]+"/"+l["queue"]]
+		if value(s) != want {
+			t.Errorf("ring %v = %v, want %v", l, value(s), want)
+		}
+	}
+	drops := 0
+	for _, s := range f["bypassd_ring_rx_dropped_packets_total"].GetMetric() {
+		if labels(s)["reason"] == "checksum" {
+			drops++
+			if value(s) != 3 {
+				t.Errorf("checksum drops %v", value(s))
+			}
+		}
+	}
+	if drops != 3 {
+		t.Errorf("%d checksum series", drops)
+	}
+	// The XDP program is per interface: one series each.
+	if x := f["bypassd_xdp_redirected_packets_total"].GetMetric(); len(x) != 2 {
+		t.Errorf("%d XDP series, want one per interface", len(x))
+	}
+	if u := f["bypassd_ring_umem_bytes"].GetMetric()[0]; value(u) != 16*2048 {
+		t.Errorf("UMEM %v", value(u))
+	}
+
+	// Two clients of their own (the earliest connected), the third summed.
+	got := map[string]float64{}
+	for _, s := range f["bypassd_client_rx_packets_total"].GetMetric() {
+		got[labels(s)["pid"]+" "+labels(s)["command"]] = value(s)
+	}
+	if len(got) != 3 || got["30 appa"] != 30 || got["10 appb"] != 10 || got["other other"] != 20 {
+		t.Errorf("client series %v", got)
+	}
+	if v := value(f["bypassd_clients_aggregated"].GetMetric()[0]); v != 1 {
+		t.Errorf("aggregated %v", v)
+	}
+	if v := value(f["bypassd_clients"].GetMetric()[0]); v != 3 {
+		t.Errorf("clients %v", v)
+	}
+	for _, s := range f["bypassd_client_tx_dropped_packets_total"].GetMetric() {
+		if l := labels(s); l["reason"] == "unreachable" && value(s) != 1 {
+			t.Errorf("unreachable %v %v", l, value(s))
+		}
+	}
+	if v := value(f["bypassd_sessions"].GetMetric()[0]); v != 3 {
+		t.Errorf("sessions %v", v)
+	}
+	for _, s := range f["bypassd_control_errors_total"].GetMetric() {
+		if l := labels(s); l["code"] == "OPEN" && value(s) != 1 {
+			t.Errorf("OPEN errors %v", value(s))
+		}
+	}
+
+	// Without clients nothing per client is exported, and the default
+	// limit applies.
+	f = gather(t, &Metrics{}, 0)
+	if f["bypassd_client_rx_packets_total"] != nil {
+		t.Error("client series without clients")
+	}
+}
