@@ -40,6 +40,8 @@ type options struct {
 	split    bool
 	load     string
 	rate     float64
+	// statsCmp adds the shim cases with the daemon's stats publishing off.
+	statsCmp bool
 }
 
 func main() {
@@ -51,6 +53,7 @@ func main() {
 	flag.DurationVar(&o.poll, "poll", 0, "ring engine spin time before sleeping (negative: spin forever)")
 	flag.StringVar(&o.load, "load", "ring", "RX load generator in the peer namespace: ring (an AF_XDP ring, the fastest sender here) or kernel (sendmmsg)")
 	flag.Float64Var(&o.rate, "rate", 0, "RX offered load in datagrams/s with -load ring (0: as fast as the sender goes)")
+	flag.BoolVar(&o.statsCmp, "stats-cmp", true, "also run the shim cases with the daemon's stats files off (tx-shim-nostats, rx-shim-nostats) and print the difference")
 	flag.BoolVar(&o.split, "split", true, "senders on CPU 0, the receiving side (threaded NAPI, receiver) on CPU 1")
 	only := flag.String("only", "", "run only the cases whose name contains this (tx-kernel, tx-ring, tx-shim, rx-kernel, rx-ring, rx-shim)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -112,6 +115,25 @@ func run(o options) error {
 		{"tx-kernel", b.txKernel}, {"tx-ring", b.txRing}, {"tx-shim", b.txShim},
 		{"rx-kernel", b.rxKernel}, {"rx-ring", b.rxRing}, {"rx-shim", b.rxShim},
 	}
+	if o.statsCmp {
+		// The same shim cases with the daemon publishing no stats files:
+		// what publishing costs the data path (interleaved with the others
+		// run by run, so drift hits both alike).
+		noStats := func(fn func() (sample, error)) func() (sample, error) {
+			return func() (sample, error) {
+				b.statsOff = true
+				defer func() { b.statsOff = false }()
+				return fn()
+			}
+		}
+		cases = append(cases, struct {
+			name string
+			fn   func() (sample, error)
+		}{"tx-shim-nostats", noStats(b.txShim)}, struct {
+			name string
+			fn   func() (sample, error)
+		}{"rx-shim-nostats", noStats(b.rxShim)})
+	}
 	for i := 0; i < o.runs; i++ {
 		for _, c := range cases {
 			if !strings.Contains(c.name, o.only) {
@@ -126,6 +148,7 @@ func run(o options) error {
 		}
 	}
 	report(o, results)
+	reportStats(results)
 	return nil
 }
 
@@ -133,6 +156,8 @@ type bench struct {
 	o                options
 	p                *netlab.Pair
 	sendCPU, recvCPU int
+	// statsOff starts the shim cases' daemon without stats files.
+	statsOff bool
 }
 
 // onThread runs fn on a fresh OS thread pinned to cpu (negative: not
@@ -523,4 +548,19 @@ func report(o options, res map[string][]sample) {
 		fmt.Fprintf(&sb, "RX ratio %s/kernel (delivered): %.2fx (target >= 1.5x); drops: kernel %.1f%%, %s %.1f%%\n", p, ratio("rx-"+p, "rx-kernel"), drop("rx-kernel"), p, drop("rx-"+p))
 	}
 	fmt.Print(sb.String())
+}
+
+// reportStats compares the shim cases with stats publishing on (the
+// default, every 100 ms) and off.
+func reportStats(res map[string][]sample) {
+	dlv := func(s sample) float64 { return s.delivered }
+	for _, c := range []string{"tx-shim", "rx-shim"} {
+		on, off := res[c], res[c+"-nostats"]
+		if len(on) == 0 || len(off) == 0 {
+			continue
+		}
+		mOn, mOff := median(col(on, dlv)), median(col(off, dlv))
+		fmt.Printf("%s with stats publishing on vs off: %.3f vs %.3f Mpps delivered (medians), %+.1f%% (target within ±2%%)\n",
+			c, mOn/1e6, mOff/1e6, 100*(mOn/mOff-1))
+	}
 }

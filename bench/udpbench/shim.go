@@ -42,6 +42,9 @@ func (b *bench) openShim(cpu int) (*shimLab, error) {
 		EnginePoll: b.o.poll,
 		CPUs:       b.engineCPUs(cpu),
 	}
+	if b.statsOff {
+		cfg.StatsInterval = -1
+	}
 	if err := b.p.A.NS.Do(func() error {
 		var err error
 		s.d, err = daemon.New(cfg, zap.NewNop())
