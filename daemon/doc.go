@@ -16,9 +16,15 @@
 //   - sockets: the sealed memfd holding a socket's two shmq queues (formatted
 //     here), the eventfds passed to the client, the choice of ring at BIND,
 //     the privileged-port check, and the mapping of socket options onto
-//     ring.HeaderOptions.
+//     ring.HeaderOptions;
+//   - publishing the counters: the stats file of each client process and of
+//     the daemon, rewritten every StatsInterval from the atomics the ring
+//     engine keeps (so the data path pays nothing), their zeroing baselines
+//     (ZERO_STATS), the run-time log level (SET_LOG_LEVEL), the control
+//     plane's counters, and the HTTP server of /metrics.
 //
-// What it does not own: the wire format (internal/ctlproto), the queue
+// What it does not own: the stats file layout and the Prometheus metric
+// names (package stats), the wire format (internal/ctlproto), the queue
 // layout and wake-up protocol (internal/shmq), the fast path, steering,
 // port reservations and multicast memberships (package ring, which the
 // daemon drives through ring.Ring.Bind and ring.Endpoint), flag and
