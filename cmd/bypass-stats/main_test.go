@@ -247,7 +247,7 @@ func TestViewsMatchTraffic(t *testing.T) {
 	if txLine[1] != "50" || txLine[2] != "100" || txLine[4] != "0" || txLine[5] != "na" {
 		t.Errorf("-v 1 Tx line %v\n%s", txLine, out)
 	}
-	if !strings.Contains(out, "client of bypassd "+pid+" "+pid) || !strings.Contains(out, "1 socket;") {
+	if !strings.Contains(out, "pid "+pid+" (") || !strings.Contains(out, "client of bypassd "+pid+", 1 socket;") {
 		t.Errorf("-v 1 title:\n%s", out)
 	}
 
@@ -256,6 +256,7 @@ func TestViewsMatchTraffic(t *testing.T) {
 	if f := fields(t, out, id+" Rx:"); len(f) != 12 || f[9] != "0" {
 		t.Errorf("-v 2 Rx line %v\n%s", f, out)
 	}
+	t.Logf("bypass-stats -v 2:\n%s", out)
 
 	// -v 3: the full block and the ring.
 	out = l.mustCLI(t, "-p", pid, "-v", "3", "-c", "1")
@@ -276,6 +277,7 @@ func TestViewsMatchTraffic(t *testing.T) {
 		}
 	}
 
+	t.Logf("bypass-stats -v 3:\n%s", out)
 	// -v 5: netstat-like.
 	out = l.mustCLI(t, "-p", pid, "-v", "5", "-c", "1")
 	if f := fields(t, out, "udp "); f[1] != "Yes" || f[2] != "0" || f[4] != local || f[5] != "*:*" || !strings.HasPrefix(f[6], pid+"/") {

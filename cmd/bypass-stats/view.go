@@ -136,12 +136,8 @@ func (v *viewer) title() {
 	if v.deltas() {
 		mode = fmt.Sprintf("per second over the last %.1fs", v.elapsed.Seconds())
 	}
-	what := "client of bypassd " + strconv.Itoa(h.WriterPID)
-	if h.Kind == stats.KindDaemon {
-		what = "bypassd"
-	}
-	fmt.Fprintf(v.w, "%s\n%s %d (%s), %s; %s; updated %s\n", separator, what, h.PID, name, plural(h.SocketsTotal, "socket"),
-		mode, h.Updated.Format("15:04:05.000"))
+	fmt.Fprintf(v.w, "%s\npid %d (%s), client of bypassd %d, %s; %s; updated %s\n", separator, h.PID, name, h.WriterPID,
+		plural(h.SocketsTotal, "socket"), mode, h.Updated.Format("15:04:05.000"))
 }
 
 func plural(n int, what string) string {
@@ -158,16 +154,18 @@ func (v *viewer) table() {
 	if v.deltas() {
 		unit = "/s"
 	}
+	// Column groups: offloaded 43 wide, kernel 21, queue 29; every data
+	// line starts with the socket id and " Rx:" or " Tx:" (12 wide).
 	q := ""
 	if v.o.view == 2 {
-		q = "  ------- queue (bytes) -------"
+		q = "  " + center("queue (bytes)", 29)
 	}
-	fmt.Fprintf(w, "%8s  %-42s  %-22s%s\n", "socket", center("offloaded"+unit, 42), center("kernel"+unit, 22), q)
+	fmt.Fprintf(w, "%-12s%s  %s%s\n", "  socket", center("offloaded"+unit, 43), center("kernel"+unit, 21), q)
 	q = ""
 	if v.o.view == 2 {
 		q = fmt.Sprintf("  %9s %9s %9s", "cur", "max", "drop")
 	}
-	fmt.Fprintf(w, "%8s  %10s %10s %8s %6s %5s  %10s %10s%s\n", "", "pkt", "Kbyte", "eagain", "error", "poll%", "pkt", "Kbyte", q)
+	fmt.Fprintf(w, "%12s%10s %10s %8s %6s %5s  %10s %10s%s\n", "", "pkt", "Kbyte", "eagain", "error", "poll%", "pkt", "Kbyte", q)
 	for i := range v.snap.Sockets {
 		s := &v.snap.Sockets[i]
 		if !v.o.sockets.match(s.ID) {
@@ -190,6 +188,7 @@ func (v *viewer) table() {
 	fmt.Fprintln(w, strings.Repeat("-", len(separator)))
 }
 
+// center returns s framed by dashes to exactly width characters.
 func center(s string, width int) string {
 	pad := width - len(s) - 2
 	if pad < 2 {
