@@ -26,6 +26,10 @@ echo "== sockperf ping-pong through the kernel, same server"
 ip netns exec "$NS_A" sockperf ping-pong -i "$IP4_B" -p 11111 -m "$SIZE" -t "$SECS" |
   grep -E "Summary|percentile|observation|avg-latency"
 
+echo
+echo "== bypass-stats -p $lab_daemon_pid -v 3 (the daemon's rings)"
+"$BIN/bypass-stats" -S "$LAB_TMP/stats" -p "$lab_daemon_pid" -v 3 -c 1
+
 lab_stop_daemon
 echo
 echo "== bypassd counters at shutdown"
