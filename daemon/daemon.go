@@ -194,8 +194,13 @@ func (d *Daemon) Serve(ctx context.Context) error {
 
 	acceptDone := make(chan error, 1)
 	go func() { acceptDone <- d.acceptLoop() }()
+	ringFailed := d.watchRings()
 	var err error
 	select {
+	case err = <-ringFailed:
+		// Its clients' sockets can no longer be served: stop, so they
+		// get a clear error now and a supervisor can restart us.
+		d.log.Error("shutting down: a ring stopped", zap.Error(err))
 	case <-ctx.Done():
 		d.log.Info("shutting down: stop requested")
 	case <-d.stop:
@@ -209,6 +214,21 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		<-acceptDone
 	}
 	return err
+}
+
+// watchRings returns a channel that yields the error of the first ring
+// whose engine stops on its own (a vanished interface, a dead queue).
+func (d *Daemon) watchRings() <-chan error {
+	failed := make(chan error, len(d.rings))
+	for _, ri := range d.rings {
+		go func() {
+			<-ri.r.Done()
+			if err := ri.r.Err(); err != nil {
+				failed <- fmt.Errorf("ring %s: %w", ri.it, err)
+			}
+		}()
+	}
+	return failed
 }
 
 // acceptLoop admits clients until the listener is closed.

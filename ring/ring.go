@@ -254,6 +254,10 @@ func (r *Ring) Endpoints() int { return len(r.table.Load().all) }
 // Program returns the XDP steering program the ring uses.
 func (r *Ring) Program() *bpf.Program { return r.prog }
 
+// Done is closed when the engine has stopped: after Close, or when it failed
+// (then Err says why).
+func (r *Ring) Done() <-chan struct{} { return r.done }
+
 // Err returns the error that stopped the engine, if any.
 func (r *Ring) Err() error {
 	if p := r.fatal.Load(); p != nil {

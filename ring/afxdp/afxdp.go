@@ -461,14 +461,31 @@ func (s *Socket) Wait(timeout time.Duration, extra int) (bool, error) {
 	if s.fill.needWakeup() {
 		s.fillEmpty.Add(1)
 	}
-	_, err := unix.Poll(fds, ms)
+	n, err := unix.Poll(fds, ms)
 	if err != nil && err != unix.EINTR {
 		return false, fmt.Errorf("afxdp %s queue %d: poll: %w", s.cfg.IfName, s.cfg.Queue, err)
 	}
 	if s.pollFds[0].Revents&(unix.POLLERR|unix.POLLNVAL) != 0 {
 		return false, fmt.Errorf("afxdp %s queue %d: socket error (device gone?)", s.cfg.IfName, s.cfg.Queue)
 	}
+	if n == 0 && timeout > 0 {
+		// A quiet spell: make sure the queue still exists. An interface
+		// that vanished unbinds the socket without waking poll(2).
+		if err := s.alive(); err != nil {
+			return false, err
+		}
+	}
 	return extra >= 0 && s.pollFds[1].Revents&unix.POLLIN != 0, nil
+}
+
+// alive reports an error if the socket lost its queue (the interface was
+// removed): the kernel then answers ENXIO to any receive.
+func (s *Socket) alive() error {
+	_, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+	if e == unix.ENXIO || e == unix.ENODEV || e == unix.ENETDOWN {
+		return fmt.Errorf("afxdp %s queue %d: the queue is gone (interface removed?): %w", s.cfg.IfName, s.cfg.Queue, e)
+	}
+	return nil
 }
 
 // Stats implements qp.Provider.
