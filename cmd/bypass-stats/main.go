@@ -23,18 +23,15 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/bypassd/bypassd/internal/buildinfo"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/stats"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 // EnvStatsDir overrides the default stats directory.
 const EnvStatsDir = "BYPASSD_STATS_DIR"
@@ -264,17 +261,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 func versionString() string {
-	v := version
-	if v == "dev" {
-		if bi, ok := debug.ReadBuildInfo(); ok {
-			for _, s := range bi.Settings {
-				if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-					v = "dev-" + s.Value[:12]
-				}
-			}
-		}
-	}
-	return fmt.Sprintf("bypass-stats %s (stats file v%d, control protocol v%d, %s)", v, stats.Version, ctlproto.Version, runtime.Version())
+	return fmt.Sprintf("bypass-stats %s (stats file v%d, control protocol v%d, %s)", buildinfo.Version(), stats.Version, ctlproto.Version, runtime.Version())
 }
 
 func printUsage(w io.Writer) {

@@ -16,19 +16,16 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"runtime/debug"
 	"syscall"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/internal/buildinfo"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/stats"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
@@ -53,7 +50,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	level := zap.NewAtomicLevelAt(o.logLevel)
 	o.cfg.LogLevel = &level
-	o.cfg.Version = shortVersion()
+	o.cfg.Version = buildinfo.Version()
 	log := newLogger(o.logFormat, level, stderr)
 	defer func() { _ = log.Sync() }()
 
@@ -113,21 +110,6 @@ func newLogger(format string, level zap.AtomicLevel, w io.Writer) *zap.Logger {
 	return zap.New(zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), level))
 }
 
-// shortVersion is the version alone ("1.2.0", or "dev-<commit>").
-func shortVersion() string {
-	v := version
-	if v == "dev" {
-		if bi, ok := debug.ReadBuildInfo(); ok {
-			for _, s := range bi.Settings {
-				if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-					v = "dev-" + s.Value[:12]
-				}
-			}
-		}
-	}
-	return v
-}
-
 func versionString() string {
-	return fmt.Sprintf("bypassd %s (control protocol v%d, stats file v%d, %s)", shortVersion(), ctlproto.Version, stats.Version, runtime.Version())
+	return fmt.Sprintf("bypassd %s (control protocol v%d, stats file v%d, %s)", buildinfo.Version(), ctlproto.Version, stats.Version, runtime.Version())
 }
