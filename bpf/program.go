@@ -64,8 +64,11 @@ type Counters struct {
 // Program is the steering program attached to one interface. Map updates
 // may be called from any goroutine; Close must not race with them.
 type Program struct {
-	mu      sync.RWMutex // guards closed against use-after-Close; map ops are syscalls
-	closed  bool
+	mu     sync.RWMutex // guards closed against use-after-Close; map ops are syscalls
+	closed bool
+	// fiveMu serializes changes of 5-tuple flows with the count of them
+	// the program reads.
+	fiveMu  sync.Mutex
 	objs    steerObjects
 	link    link.Link
 	ifindex int
@@ -218,12 +221,39 @@ func (p *Program) AddFlow(f Flow, slot uint32) error {
 	if p.closed {
 		return errClosed
 	}
+	five := f.Src.IsValid()
+	if five {
+		// The count of 5-tuple entries changes with new keys only.
+		p.fiveMu.Lock()
+		defer p.fiveMu.Unlock()
+		var v flowVal
+		if p.objs.Flows.Lookup(&k, &v) == nil {
+			five = false
+		}
+	}
 	if err := p.objs.Flows.Update(&k, &flowVal{Slot: slot}, ebpf.UpdateAny); err != nil {
 		if errors.Is(err, unix.E2BIG) {
 			return fmt.Errorf("bpf: add flow %s: flows map full (%d entries); remove flows or raise Options.MaxFlows: %w",
 				f, p.objs.Flows.MaxEntries(), err)
 		}
 		return fmt.Errorf("bpf: add flow %s: %w", f, err)
+	}
+	if five {
+		return p.countFiveTuples(+1)
+	}
+	return nil
+}
+
+// countFiveTuples adjusts the program's count of 5-tuple flows (p.fiveMu
+// held), which lets it skip the 5-tuple lookup while there are none.
+func (p *Program) countFiveTuples(delta int32) error {
+	var n uint32
+	if err := p.objs.FiveTuples.Lookup(uint32(0), &n); err != nil {
+		return fmt.Errorf("bpf: read the 5-tuple count: %w", err)
+	}
+	n = uint32(int32(n) + delta)
+	if err := p.objs.FiveTuples.Update(uint32(0), n, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("bpf: update the 5-tuple count: %w", err)
 	}
 	return nil
 }
@@ -240,8 +270,15 @@ func (p *Program) DeleteFlow(f Flow) error {
 	if p.closed {
 		return errClosed
 	}
+	if f.Src.IsValid() {
+		p.fiveMu.Lock()
+		defer p.fiveMu.Unlock()
+	}
 	if err := p.objs.Flows.Delete(&k); err != nil {
 		return fmt.Errorf("bpf: delete flow %s: %w", f, err)
+	}
+	if f.Src.IsValid() {
+		return p.countFiveTuples(-1)
 	}
 	return nil
 }

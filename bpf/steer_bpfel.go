@@ -43,11 +43,12 @@ type steerFragKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	steerMapCounters = "counters"
-	steerMapFlows    = "flows"
-	steerMapFrags    = "frags"
-	steerMapXsks     = "xsks"
-	steerProgSteer   = "steer"
+	steerMapCounters   = "counters"
+	steerMapFiveTuples = "five_tuples"
+	steerMapFlows      = "flows"
+	steerMapFrags      = "frags"
+	steerMapXsks       = "xsks"
+	steerProgSteer     = "steer"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -99,10 +100,11 @@ type steerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
-	Counters *ebpf.MapSpec `ebpf:"counters"`
-	Flows    *ebpf.MapSpec `ebpf:"flows"`
-	Frags    *ebpf.MapSpec `ebpf:"frags"`
-	Xsks     *ebpf.MapSpec `ebpf:"xsks"`
+	Counters   *ebpf.MapSpec `ebpf:"counters"`
+	FiveTuples *ebpf.MapSpec `ebpf:"five_tuples"`
+	Flows      *ebpf.MapSpec `ebpf:"flows"`
+	Frags      *ebpf.MapSpec `ebpf:"frags"`
+	Xsks       *ebpf.MapSpec `ebpf:"xsks"`
 }
 
 // steerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -131,15 +133,17 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
-	Counters *ebpf.Map `ebpf:"counters"`
-	Flows    *ebpf.Map `ebpf:"flows"`
-	Frags    *ebpf.Map `ebpf:"frags"`
-	Xsks     *ebpf.Map `ebpf:"xsks"`
+	Counters   *ebpf.Map `ebpf:"counters"`
+	FiveTuples *ebpf.Map `ebpf:"five_tuples"`
+	Flows      *ebpf.Map `ebpf:"flows"`
+	Frags      *ebpf.Map `ebpf:"frags"`
+	Xsks       *ebpf.Map `ebpf:"xsks"`
 }
 
 func (m *steerMaps) Close() error {
 	return _SteerClose(
 		m.Counters,
+		m.FiveTuples,
 		m.Flows,
 		m.Frags,
 		m.Xsks,

@@ -87,6 +87,16 @@ struct {
 	__type(value, __u32);
 } frags SEC(".maps");
 
+/* five_tuples[0] counts the 5-tuple entries in flows, kept by the loader:
+ * while it is 0 (the usual case) the 5-tuple lookup, a hash of a 40-byte key
+ * that cannot hit, is skipped. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} five_tuples SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, CNT_MAX);
@@ -338,7 +348,12 @@ int steer(struct xdp_md *ctx)
 		return XDP_PASS;
 	}
 
-	val = bpf_map_lookup_elem(&flows, &p.key);
+	__u32 zero = 0;
+	__u32 *n5 = bpf_map_lookup_elem(&five_tuples, &zero);
+
+	val = NULL;
+	if (n5 && *n5)
+		val = bpf_map_lookup_elem(&flows, &p.key);
 	if (!val) {
 		__builtin_memset(p.key.saddr, 0, sizeof(p.key.saddr));
 		p.key.sport = 0;
