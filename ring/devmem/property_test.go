@@ -1,0 +1,217 @@
+package devmem
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"testing"
+)
+
+// model is a deliberately naive reference: an occupancy map with one owner
+// per byte of the region (skipped bytes owned by the allocation that skipped
+// them) and the placement rule stated in terms of that map: try right after
+// the newest allocation, else at 0 charging the bytes up to the end; a place
+// is usable only if every byte it needs is unowned.
+type model struct {
+	capacity, inline int
+	owner            []int // 0 = free, else allocation id
+	live             []modelAlloc
+	nextID           int
+
+	staged, stagedBytes, inline_, oob uint64
+}
+
+type modelAlloc struct {
+	id, off, n int
+	data       []byte
+}
+
+func (md *model) free(from, to int) bool {
+	if from < 0 || to > md.capacity || from > to {
+		return false
+	}
+	for _, o := range md.owner[from:to] {
+		if o != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// stage returns the model's decision for p and records it.
+func (md *model) stage(p []byte) (off int, staged bool) {
+	n := len(p)
+	if md.capacity == 0 {
+		return 0, false
+	}
+	if n <= md.inline {
+		md.inline_++
+		return 0, false
+	}
+	size := (n + 7) / 8 * 8
+	head := 0
+	if len(md.live) > 0 {
+		last := md.live[len(md.live)-1]
+		head = last.off + (last.n+7)/8*8
+	}
+	from, to, skipFrom := -1, -1, -1
+	switch {
+	case md.free(head, head+size):
+		from, to = head, head+size
+	case len(md.live) > 0 && md.free(head, md.capacity) && md.free(0, size):
+		from, to, skipFrom = 0, size, head
+	default:
+		md.oob++
+		return 0, false
+	}
+	md.nextID++
+	id := md.nextID
+	for i := from; i < to; i++ {
+		md.owner[i] = id
+	}
+	if skipFrom >= 0 {
+		for i := skipFrom; i < md.capacity; i++ {
+			md.owner[i] = id
+		}
+	}
+	md.live = append(md.live, modelAlloc{id: id, off: from, n: n, data: append([]byte(nil), p...)})
+	md.staged++
+	md.stagedBytes += uint64(n)
+	return from, true
+}
+
+func (md *model) release() modelAlloc {
+	a := md.live[0]
+	md.live = md.live[1:]
+	for i, o := range md.owner {
+		if o == a.id {
+			md.owner[i] = 0
+		}
+	}
+	return a
+}
+
+func (md *model) used() int {
+	u := 0
+	for _, o := range md.owner {
+		if o != 0 {
+			u++
+		}
+	}
+	return u
+}
+
+// check compares the Manager with the model and verifies every live packet
+// is intact in the region (an overlapping placement would have overwritten
+// one) and that live allocations do not overlap.
+func (md *model) check(t *testing.T, step int, m *Manager, r *MemRegion) {
+	t.Helper()
+	if m.Used() != md.used() {
+		t.Fatalf("step %d: Used %d, model %d", step, m.Used(), md.used())
+	}
+	if m.Outstanding() != len(md.live) {
+		t.Fatalf("step %d: Outstanding %d, model %d", step, m.Outstanding(), len(md.live))
+	}
+	seen := make([]bool, md.capacity)
+	for _, a := range md.live {
+		if a.off%Align != 0 {
+			t.Fatalf("step %d: offset %d not %d-aligned", step, a.off, Align)
+		}
+		for i := a.off; i < a.off+a.n; i++ {
+			if seen[i] {
+				t.Fatalf("step %d: live allocations overlap at byte %d", step, i)
+			}
+			seen[i] = true
+		}
+		got, err := r.Slice(a.off, a.n)
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		if !bytes.Equal(got, a.data) {
+			t.Fatalf("step %d: packet at %d (%d bytes) was overwritten", step, a.off, a.n)
+		}
+	}
+	s := m.Stats()
+	want := Stats{
+		Capacity: md.capacity, InUse: md.used(),
+		StagedPackets: md.staged, StagedBytes: md.stagedBytes,
+		InlinePackets: md.inline_, OOBPackets: md.oob,
+	}
+	if s != want {
+		t.Fatalf("step %d: Stats %+v, model %+v", step, s, want)
+	}
+}
+
+func TestPropertyAgainstModel(t *testing.T) {
+	for seed := range uint64(40) {
+		rng := rand.New(rand.NewPCG(seed, 0xdeb1ce))
+		size := 64 + rng.IntN(4096)
+		inline := rng.IntN(300)
+		if seed%4 == 0 {
+			inline = 0
+		}
+		m, r := newMem(t, size, Config{InlineThreshold: inline, CompletionThreshold: rng.IntN(size)})
+		md := &model{capacity: m.Capacity(), inline: inline, owner: make([]int, m.Capacity())}
+		maxPkt := m.Capacity() + 16
+		if seed%2 == 0 {
+			maxPkt = m.Capacity()/3 + 16 // mostly small packets: many live at once
+		}
+		for step := range 3000 {
+			switch op := rng.IntN(10); {
+			case op < 6:
+				n := rng.IntN(maxPkt + 1)
+				p := make([]byte, n)
+				for i := range p {
+					p[i] = byte(rng.Uint32())
+				}
+				wantOff, wantOK := md.stage(p)
+				off, ok := m.Stage(p)
+				if ok != wantOK || off != wantOff {
+					t.Fatalf("seed %d step %d: Stage(%d bytes) = (%d, %v), model (%d, %v); used %d of %d",
+						seed, step, n, off, ok, wantOff, wantOK, m.Used(), m.Capacity())
+				}
+			case op < 9:
+				if len(md.live) == 0 {
+					if err := m.Release(0); err == nil {
+						t.Fatalf("seed %d step %d: Release with nothing live succeeded", seed, step)
+					}
+					continue
+				}
+				for k := 1 + rng.IntN(len(md.live)); k > 0; k-- {
+					a := md.release()
+					if err := m.Release(a.off); err != nil {
+						t.Fatalf("seed %d step %d: %v", seed, step, err)
+					}
+				}
+			default:
+				// A release that is not the oldest must be refused and
+				// change nothing.
+				if len(md.live) > 1 && md.live[1].off != md.live[0].off {
+					if err := m.Release(md.live[1].off); err == nil {
+						t.Fatalf("seed %d step %d: out-of-order release accepted", seed, step)
+					}
+				}
+			}
+			if m.NeedCompletion() != (m.Used() > 0 && m.Free() < m.complete) {
+				t.Fatalf("seed %d step %d: NeedCompletion inconsistent", seed, step)
+			}
+			md.check(t, step, m, r)
+		}
+		// Everything completes: all space returns, contiguous from 0.
+		for len(md.live) > 0 {
+			a := md.release()
+			if err := m.Release(a.off); err != nil {
+				t.Fatalf("seed %d drain: %v", seed, err)
+			}
+		}
+		md.check(t, -1, m, r)
+		if m.Used() != 0 || m.Free() != m.Capacity() {
+			t.Fatalf("seed %d: after draining used %d free %d of %d", seed, m.Used(), m.Free(), m.Capacity())
+		}
+		if m.Capacity() > inline {
+			p := make([]byte, m.Capacity())
+			if off, ok := m.Stage(p); !ok || off != 0 {
+				t.Fatalf("seed %d: full-capacity packet after draining = (%d, %v), want (0, true)", seed, off, ok)
+			}
+		}
+	}
+}
