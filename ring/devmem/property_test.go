@@ -17,7 +17,7 @@ type model struct {
 	live             []modelAlloc
 	nextID           int
 
-	staged, stagedBytes, inline_, oob uint64
+	staged, stagedBytes, inlined, oob uint64
 }
 
 type modelAlloc struct {
@@ -44,7 +44,7 @@ func (md *model) stage(p []byte) (off int, staged bool) {
 		return 0, false
 	}
 	if n <= md.inline {
-		md.inline_++
+		md.inlined++
 		return 0, false
 	}
 	size := (n + 7) / 8 * 8
@@ -134,7 +134,7 @@ func (md *model) check(t *testing.T, step int, m *Manager, r *MemRegion) {
 	want := Stats{
 		Capacity: md.capacity, InUse: md.used(),
 		StagedPackets: md.staged, StagedBytes: md.stagedBytes,
-		InlinePackets: md.inline_, OOBPackets: md.oob,
+		InlinePackets: md.inlined, OOBPackets: md.oob,
 	}
 	if s != want {
 		t.Fatalf("step %d: Stats %+v, model %+v", step, s, want)
