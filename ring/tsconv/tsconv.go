@@ -177,7 +177,9 @@ type BatchClock interface {
 	Samples(dst []Sample) (int, error)
 }
 
-var errNoSample = errors.New("no usable sample")
+// errNoSample: every bracket was inverted or negative, i.e. the system
+// clock went backwards across the hardware read.
+var errNoSample = errors.New("no usable sample: every bracket was inverted (system clock stepped back during the read); the next update retries")
 
 // rawNs converts ticks to nanoseconds at a nominal frequency without
 // overflowing: 128-bit product, then division.
