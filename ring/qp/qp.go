@@ -19,6 +19,8 @@ package qp
 import (
 	"errors"
 	"time"
+
+	"github.com/bypassd/bypassd/ring/devmem"
 )
 
 // Frame is one packet buffer borrowed from a provider.
@@ -139,18 +141,12 @@ type RateLimiter interface {
 }
 
 // DeviceMemory is implemented by providers that can stage egress frames in
-// memory the device reads without a host round trip.
+// memory the device reads without a host round trip. The region is released
+// with the provider.
 type DeviceMemory interface {
-	// AllocDeviceMemory reserves size bytes and returns a handle to it.
-	AllocDeviceMemory(size int) (DeviceRegion, error)
-}
-
-// DeviceRegion is one reserved staging region.
-type DeviceRegion interface {
-	Size() int
-	// CopyTo writes b at offset off of the region.
-	CopyTo(off int, b []byte) error
-	Close() error
+	// AllocDeviceMemory reserves size bytes for the staging allocator
+	// (package ring/devmem).
+	AllocDeviceMemory(size int) (devmem.Region, error)
 }
 
 // ErrClosed is returned by operations on a closed provider.
