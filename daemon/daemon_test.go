@@ -34,11 +34,7 @@ func TestOpenBindClose(t *testing.T) {
 		hr.DefaultQueueBytes != 64<<10 || hr.RXPollMicros != 25 {
 		t.Errorf("HELLO reply %+v", hr)
 	}
-	s, err := c.open(unix.AF_INET, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
+	s := openSocket(t, c, unix.AF_INET)
 	if s.id == 0 || s.reply.QueueBytes != 64<<10 || s.reply.TXOffset != 0 || s.reply.RXOffset < uint64(s.reply.QueueBytes) {
 		t.Errorf("OPEN reply id %d %+v", s.id, s.reply)
 	}
@@ -121,10 +117,7 @@ func TestOpenBindClose(t *testing.T) {
 func TestDatagramsBothWays(t *testing.T) {
 	t.Parallel()
 	l := newLab(t, Config{})
-	c := newClient(t, l.cfg.SocketPath)
-	if _, err := c.hello(); err != nil {
-		t.Fatal(err)
-	}
+	c := helloClient(t, l)
 	for _, fam := range []struct {
 		name   string
 		family uint16
@@ -206,15 +199,8 @@ func TestDatagramsBothWays(t *testing.T) {
 func TestConnectBindsImplicitly(t *testing.T) {
 	t.Parallel()
 	l := newLab(t, Config{})
-	c := newClient(t, l.cfg.SocketPath)
-	if _, err := c.hello(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.open(unix.AF_INET, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
+	c := helloClient(t, l)
+	s := openSocket(t, c, unix.AF_INET)
 	// Disconnecting an unbound socket is a no-op; bad peers are refused
 	// before anything is bound.
 	if _, err := c.ok(ctlproto.CodeConnect, s.id, ctlproto.Connect{}); err != nil {
@@ -255,15 +241,8 @@ func TestConnectBindsImplicitly(t *testing.T) {
 func TestMulticastMembership(t *testing.T) {
 	t.Parallel()
 	l := newLab(t, Config{})
-	c := newClient(t, l.cfg.SocketPath)
-	if _, err := c.hello(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.open(unix.AF_INET, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
+	c := helloClient(t, l)
+	s := openSocket(t, c, unix.AF_INET)
 	group := netip.MustParseAddr("239.1.2.3")
 	// Refused memberships.
 	for _, tc := range []struct {
@@ -312,11 +291,7 @@ func TestMulticastMembership(t *testing.T) {
 		t.Errorf("second leave: %v %v", r.h.Status, err)
 	}
 	// Pending memberships can be left before the bind too.
-	s2, err := c.open(unix.AF_INET, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.close()
+	s2 := openSocket(t, c, unix.AF_INET)
 	if _, err := c.ok(ctlproto.CodeJoin, s2.id, ctlproto.Group{Group: group}); err != nil {
 		t.Fatal(err)
 	}
@@ -414,10 +389,7 @@ func TestProtocolErrors(t *testing.T) {
 		expect(t, r, 3, unix.EINVAL)
 	})
 	// The daemon still serves a well-behaved client.
-	c := newClient(t, l.cfg.SocketPath)
-	if _, err := c.hello(); err != nil {
-		t.Fatal(err)
-	}
+	helloClient(t, l)
 }
 
 func TestForeignSocketIsEBADF(t *testing.T) {
@@ -430,11 +402,7 @@ func TestForeignSocketIsEBADF(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s, err := a.open(unix.AF_INET, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
+	s := openSocket(t, a, unix.AF_INET)
 	for _, req := range []struct {
 		code ctlproto.Code
 		body ctlproto.Message
@@ -465,17 +433,10 @@ func TestLimits(t *testing.T) {
 	t.Parallel()
 	small := socketMemory(4096)
 	l := newLab(t, Config{MaxSockets: 3, QueueBytes: 4096, MaxQueueMemory: int64(4 * small)})
-	c := newClient(t, l.cfg.SocketPath)
-	if _, err := c.hello(); err != nil {
-		t.Fatal(err)
-	}
+	c := helloClient(t, l)
 	var socks []*clientSocket
 	for i := 0; i < 3; i++ {
-		s, err := c.open(unix.AF_INET, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.close()
+		s := openSocket(t, c, unix.AF_INET)
 		socks = append(socks, s)
 	}
 	r, err := c.call(ctlproto.CodeOpen, 0, ctlproto.Open{Family: unix.AF_INET, Type: unix.SOCK_DGRAM})
@@ -483,10 +444,7 @@ func TestLimits(t *testing.T) {
 		t.Fatalf("OPEN over the socket limit: %v %v", r.h.Status, err)
 	}
 	// Another client has its own budget.
-	c2 := newClient(t, l.cfg.SocketPath)
-	if _, err := c2.hello(); err != nil {
-		t.Fatal(err)
-	}
+	c2 := helloClient(t, l)
 	s, err := c2.open(unix.AF_INET, 0)
 	if err != nil {
 		t.Fatalf("other client: %v", err)
@@ -554,15 +512,8 @@ func TestPrivilegedPortNeedsPrivilege(t *testing.T) {
 		t.Fatalf("unprivileged child: %v (stderr: %s)", err, ch.err.String())
 	}
 	// Root may.
-	c := newClient(t, l.cfg.SocketPath)
-	if _, err := c.hello(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.open(unix.AF_INET, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
+	c := helloClient(t, l)
+	s := openSocket(t, c, unix.AF_INET)
 	if got, err := c.bind(s, netip.AddrPortFrom(l.p.A.Addr4(), 80), false); err != nil || got.Port() != 80 {
 		t.Fatalf("root binding port 80: %v %v", got, err)
 	}
@@ -631,15 +582,8 @@ func released(t *testing.T, l *lab, bound netip.AddrPort) error {
 func TestShutdownTellsClients(t *testing.T) {
 	t.Parallel()
 	l := newLab(t, Config{})
-	c := newClient(t, l.cfg.SocketPath)
-	if _, err := c.hello(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.open(unix.AF_INET, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
+	c := helloClient(t, l)
+	s := openSocket(t, c, unix.AF_INET)
 	bound, err := c.bind(s, netip.AddrPortFrom(l.p.A.Addr4(), 0), false)
 	if err != nil {
 		t.Fatal(err)
@@ -716,10 +660,7 @@ func TestSecondDaemonRefused(t *testing.T) {
 		t.Errorf("same queue without the lock: %v", err)
 	}
 	// The first daemon is unaffected.
-	c := newClient(t, l.cfg.SocketPath)
-	if _, err := c.hello(); err != nil {
-		t.Fatal(err)
-	}
+	helloClient(t, l)
 }
 
 // manySockets is how many sockets the hold-many child binds (the issue's

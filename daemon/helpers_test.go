@@ -164,6 +164,28 @@ func newClient(t *testing.T, path string) *client {
 	return c
 }
 
+// helloClient connects a raw client to l's daemon and says HELLO.
+func helloClient(t *testing.T, l *lab) *client {
+	t.Helper()
+	c := newClient(t, l.cfg.SocketPath)
+	if _, err := c.hello(); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// openSocket opens a socket of family with the default queue size; it is
+// closed when the test ends.
+func openSocket(t *testing.T, c *client, family uint16) *clientSocket {
+	t.Helper()
+	s, err := c.open(family, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.close)
+	return s
+}
+
 // reply is one reply with its descriptors.
 type reply struct {
 	h   ctlproto.Header

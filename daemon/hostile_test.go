@@ -22,10 +22,7 @@ import (
 func TestHostileClientMemory(t *testing.T) {
 	t.Parallel()
 	l := newLab(t, Config{})
-	bad := newClient(t, l.cfg.SocketPath)
-	if _, err := bad.hello(); err != nil {
-		t.Fatal(err)
-	}
+	bad := helloClient(t, l)
 	r, err := bad.ok(ctlproto.CodeOpen, 0, ctlproto.Open{Family: unix.AF_INET, Type: unix.SOCK_DGRAM})
 	if err != nil {
 		t.Fatal(err)
@@ -64,15 +61,8 @@ func TestHostileClientMemory(t *testing.T) {
 	r.fds = nil
 
 	// Another client is served as before.
-	good := newClient(t, l.cfg.SocketPath)
-	if _, err := good.hello(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := good.open(unix.AF_INET, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
+	good := helloClient(t, l)
+	s := openSocket(t, good, unix.AF_INET)
 	local, err := good.bind(s, netip.AddrPortFrom(l.p.A.Addr4(), 0), false)
 	if err != nil {
 		t.Fatal(err)

@@ -120,10 +120,7 @@ func TestStatsFileLifecycle(t *testing.T) {
 func TestStatsCountPacketForPacket(t *testing.T) {
 	t.Parallel()
 	l := newLab(t, Config{StatsInterval: 10 * time.Millisecond})
-	c := newClient(t, l.cfg.SocketPath)
-	if _, err := c.hello(); err != nil {
-		t.Fatal(err)
-	}
+	c := helloClient(t, l)
 	peer := kernelUDP(t, l.p.B.NS, netip.AddrPortFrom(l.p.B.Addr4(), 0))
 	peerAddr := peer.LocalAddr().(*net.UDPAddr).AddrPort()
 	deadline := time.Now().Add(10 * time.Second)
@@ -235,10 +232,7 @@ func TestStatsCountPacketForPacket(t *testing.T) {
 func TestSetLogLevelAndStatsOff(t *testing.T) {
 	t.Parallel()
 	l := newLab(t, Config{StatsInterval: -1})
-	c := newClient(t, l.cfg.SocketPath)
-	if _, err := c.hello(); err != nil {
-		t.Fatal(err)
-	}
+	c := helloClient(t, l)
 	if entries, _ := os.ReadDir(l.cfg.StatsDir); len(entries) != 0 {
 		t.Errorf("stats files with publishing off: %v", entries)
 	}

@@ -21,15 +21,8 @@ import (
 func TestVanishedInterfaceStopsDaemon(t *testing.T) {
 	t.Parallel()
 	l := newLab(t, Config{})
-	c := newClient(t, l.cfg.SocketPath)
-	if _, err := c.hello(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.open(unix.AF_INET, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
+	c := helloClient(t, l)
+	s := openSocket(t, c, unix.AF_INET)
 	if _, err := c.bind(s, netip.AddrPortFrom(l.p.A.Addr4(), 0), false); err != nil {
 		t.Fatal(err)
 	}
