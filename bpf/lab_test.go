@@ -64,22 +64,6 @@ const (
 	xdpAttachedSkb = 2
 )
 
-// listenUDP opens a kernel UDP socket inside ns.
-func listenUDP(t *testing.T, ns *netlab.NS, addr netip.AddrPort) *net.UDPConn {
-	t.Helper()
-	var c *net.UDPConn
-	err := ns.Do(func() error {
-		var err error
-		c, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(addr))
-		return err
-	})
-	if err != nil {
-		t.Fatalf("listen udp %s in %s: %v", addr, ns.Name, err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 // localPort returns the port the kernel gave c.
 func localPort(c *net.UDPConn) uint16 {
 	return c.LocalAddr().(*net.UDPAddr).AddrPort().Port()

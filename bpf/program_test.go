@@ -364,7 +364,7 @@ func TestFlowMapAPI(t *testing.T) {
 	}
 
 	// Sockets: anything but an AF_XDP socket is refused.
-	c := listenUDP(t, lab.A.NS, netip.AddrPortFrom(a, 0))
+	c := lab.A.NS.ListenUDP(t, netip.AddrPortFrom(a, 0))
 	raw, err := c.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -422,14 +422,14 @@ func TestKernelFallback(t *testing.T) {
 			}
 			addrA, addrB := fam.addrs(lab.A), fam.addrs(lab.B)
 
-			offloaded := listenUDP(t, lab.A.NS, netip.AddrPortFrom(addrA, 0))
+			offloaded := lab.A.NS.ListenUDP(t, netip.AddrPortFrom(addrA, 0))
 			offloadedDst := netip.AddrPortFrom(addrA, localPort(offloaded))
-			other := listenUDP(t, lab.A.NS, netip.AddrPortFrom(addrA, 0))
+			other := lab.A.NS.ListenUDP(t, netip.AddrPortFrom(addrA, 0))
 			otherDst := netip.AddrPortFrom(addrA, localPort(other))
 			if err := p.AddFlow(Flow{Proto: unix.IPPROTO_UDP, Dst: offloadedDst}, 5); err != nil {
 				t.Fatal(err)
 			}
-			sender := listenUDP(t, lab.B.NS, netip.AddrPortFrom(addrB, 0))
+			sender := lab.B.NS.ListenUDP(t, netip.AddrPortFrom(addrB, 0))
 
 			// A flow with no socket at its slot: kernel delivery, NoSocket.
 			before := counters(t, p)
@@ -512,10 +512,10 @@ func testSteering(t *testing.T, fam family, mode AttachMode) {
 	p := attachIn(t, lab.A, Options{Mode: mode})
 	addrA, addrB := fam.addrs(lab.A), fam.addrs(lab.B)
 
-	kernel := listenUDP(t, lab.A.NS, netip.AddrPortFrom(addrA, 0))
+	kernel := lab.A.NS.ListenUDP(t, netip.AddrPortFrom(addrA, 0))
 	dst := netip.AddrPortFrom(addrA, localPort(kernel))
-	pinned := listenUDP(t, lab.B.NS, netip.AddrPortFrom(addrB, 0)) // the 5-tuple's source
-	anySrc := listenUDP(t, lab.B.NS, netip.AddrPortFrom(addrB, 0))
+	pinned := lab.B.NS.ListenUDP(t, netip.AddrPortFrom(addrB, 0)) // the 5-tuple's source
+	anySrc := lab.B.NS.ListenUDP(t, netip.AddrPortFrom(addrB, 0))
 
 	const xskSlot, emptySlot = 1, 2
 	x := newTestXSK(t, lab.A.NS, lab.A.Index)

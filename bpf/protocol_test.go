@@ -154,12 +154,12 @@ func TestIPv6ExtensionHeaders(t *testing.T) {
 	if err := p.SetSocket(3, x.fd); err != nil {
 		t.Fatal(err)
 	}
-	kernel := listenUDP(t, lab.A.NS, netip.AddrPortFrom(lab.A.Addr6(), 0))
+	kernel := lab.A.NS.ListenUDP(t, netip.AddrPortFrom(lab.A.Addr6(), 0))
 	dst := netip.AddrPortFrom(lab.A.Addr6(), localPort(kernel))
 	if err := p.AddFlow(Flow{Proto: unix.IPPROTO_UDP, Dst: dst}, 3); err != nil {
 		t.Fatal(err)
 	}
-	sender := listenUDP(t, lab.B.NS, netip.AddrPortFrom(lab.B.Addr6(), 0))
+	sender := lab.B.NS.ListenUDP(t, netip.AddrPortFrom(lab.B.Addr6(), 0))
 	raw, err := sender.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -217,7 +217,7 @@ func TestMalformed(t *testing.T) {
 	if err := p.SetSocket(0, x.fd); err != nil {
 		t.Fatal(err)
 	}
-	kernel := listenUDP(t, lab.A.NS, netip.AddrPortFrom(lab.A.Addr4(), 0))
+	kernel := lab.A.NS.ListenUDP(t, netip.AddrPortFrom(lab.A.Addr4(), 0))
 	dst := netip.AddrPortFrom(lab.A.Addr4(), localPort(kernel))
 	// A flow for the very address and port the broken frames claim, so a
 	// parser that read past the end would redirect them.
@@ -249,7 +249,7 @@ func TestMalformed(t *testing.T) {
 	if err := p.ClearSocket(0); err != nil {
 		t.Fatal(err)
 	}
-	sender := listenUDP(t, lab.B.NS, netip.AddrPortFrom(lab.B.Addr4(), 0))
+	sender := lab.B.NS.ListenUDP(t, netip.AddrPortFrom(lab.B.Addr4(), 0))
 	send(t, sender, dst, []byte("sync"))
 	recvUDP(t, kernel, 1)
 	d := counters(t, p).sub(before)

@@ -111,7 +111,7 @@ func TestOpenBindClose(t *testing.T) {
 	if r, err := c.call(ctlproto.CodeClose, s.id, ctlproto.Empty{}); err != nil || r.h.Status != unix.EBADF {
 		t.Errorf("CLOSE of a closed id: %v %v", r.h.Status, err)
 	}
-	kernelUDP(t, l.p.A.NS, got).Close()
+	l.p.A.NS.ListenUDP(t, got).Close()
 }
 
 func TestDatagramsBothWays(t *testing.T) {
@@ -137,7 +137,7 @@ func TestDatagramsBothWays(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			peer := kernelUDP(t, l.p.B.NS, netip.AddrPortFrom(fam.peer, 0))
+			peer := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(fam.peer, 0))
 			peerAddr := peer.LocalAddr().(*net.UDPAddr).AddrPort()
 			deadline := time.Now().Add(10 * time.Second)
 
@@ -215,7 +215,7 @@ func TestConnectBindsImplicitly(t *testing.T) {
 	if len(l.flows(t)) != 0 {
 		t.Fatalf("flows after refused connects: %v", l.flows(t))
 	}
-	peer := kernelUDP(t, l.p.B.NS, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	peer := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
 	peerAddr := peer.LocalAddr().(*net.UDPAddr).AddrPort()
 	if _, err := c.ok(ctlproto.CodeConnect, s.id, ctlproto.Connect{Addr: peerAddr}); err != nil {
 		t.Fatal(err)
@@ -273,7 +273,7 @@ func TestMulticastMembership(t *testing.T) {
 	if !l.flows(t)[gflow] {
 		t.Fatalf("no flow for the group: %v", l.flows(t))
 	}
-	peer := kernelUDP(t, l.p.B.NS, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	peer := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
 	if _, err := peer.WriteToUDPAddrPort([]byte("to the group"), netip.AddrPortFrom(group, got.Port())); err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -122,22 +121,6 @@ func (l *lab) flows(t *testing.T) map[string]bool {
 		out[f.Dst.String()] = true
 	}
 	return out
-}
-
-// kernelUDP opens an ordinary UDP socket inside ns.
-func kernelUDP(t *testing.T, ns *netlab.NS, addr netip.AddrPort) *net.UDPConn {
-	t.Helper()
-	var c *net.UDPConn
-	err := ns.Do(func() error {
-		var err error
-		c, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(addr))
-		return err
-	})
-	if err != nil {
-		t.Fatalf("kernel socket %v in %s: %v", addr, ns.Name, err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
 }
 
 // client is a raw control-protocol client (no shim).

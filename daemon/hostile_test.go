@@ -67,7 +67,7 @@ func TestHostileClientMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	peer := kernelUDP(t, l.p.B.NS, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	peer := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
 	deadline := time.Now().Add(10 * time.Second)
 	out := []byte("still served")
 	if n, err := s.conn.SendBatch([][]byte{out}, peer.LocalAddr().(*net.UDPAddr).AddrPort(), deadline); n != 1 || err != nil {

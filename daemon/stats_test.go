@@ -121,7 +121,7 @@ func TestStatsCountPacketForPacket(t *testing.T) {
 	t.Parallel()
 	l := newLab(t, Config{StatsInterval: 10 * time.Millisecond})
 	c := helloClient(t, l)
-	peer := kernelUDP(t, l.p.B.NS, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	peer := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
 	peerAddr := peer.LocalAddr().(*net.UDPAddr).AddrPort()
 	deadline := time.Now().Add(10 * time.Second)
 	open := func() (*clientSocket, netip.AddrPort) {

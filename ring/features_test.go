@@ -23,7 +23,7 @@ import (
 // ifindex.
 func multicastSender(t *testing.T, ns *netlab.NS, ifindex int, src netip.AddrPort) *net.UDPConn {
 	t.Helper()
-	c := kernelUDP(t, ns, "udp4", src)
+	c := ns.ListenUDP(t, src)
 	raw, err := c.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +116,7 @@ func TestMulticast(t *testing.T) {
 	expectNothing(t, ep2)
 
 	// Unicast to the shared port goes to one endpoint only: the newest.
-	uni := kernelUDP(t, l.p.B.NS, "udp4", netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	uni := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
 	if _, err := uni.WriteToUDPAddrPort([]byte("unicast"), netip.AddrPortFrom(l.p.A.Addr4(), port)); err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestHeaderOptions(t *testing.T) {
 	}
 	o.TTL, o.TOS = 7, 0x28
 	ep.SetHeaderOptions(o)
-	recv := kernelUDP(t, l.p.B.NS, "udp4", netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	recv := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
 	raw, _ := recv.SyscallConn()
 	_ = raw.Control(func(fd uintptr) {
 		_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTTL, 1)
@@ -293,7 +293,7 @@ func TestCallerQueues(t *testing.T) {
 	user := sockq.New(ctx, crx, dup(rxWait), dup(txWait), bell, shmq.Policy{})
 	defer user.Close()
 
-	peer := kernelUDP(t, l.p.B.NS, "udp4", netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	peer := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
 	if _, err := user.SendBatch([][]byte{[]byte("from client")}, peer.LocalAddr().(*net.UDPAddr).AddrPort(), time.Time{}); err != nil {
 		t.Fatal(err)
 	}

@@ -58,22 +58,6 @@ func (l *lab) bind(t *testing.T, addr netip.AddrPort) *ring.Endpoint {
 	return ep
 }
 
-// kernelUDP opens an ordinary UDP socket inside ns.
-func kernelUDP(t *testing.T, ns *netlab.NS, network string, addr netip.AddrPort) *net.UDPConn {
-	t.Helper()
-	var c *net.UDPConn
-	err := ns.Do(func() error {
-		var err error
-		c, err = net.ListenUDP(network, net.UDPAddrFromAddrPort(addr))
-		return err
-	})
-	if err != nil {
-		t.Fatalf("kernel socket %v in %s: %v", addr, ns.Name, err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
 func payload(seq, n int) []byte {
 	b := make([]byte, n)
 	rng := rand.New(rand.NewPCG(uint64(seq), uint64(n)))
@@ -137,14 +121,13 @@ func udpStat(t *testing.T, ns *netlab.NS, v6 bool, field string) uint64 {
 var sizes = []int{18, 1400, 8000}
 
 type family struct {
-	name    string
-	network string
-	addr    func(l *netlab.Link) netip.Addr
+	name string
+	addr func(l *netlab.Link) netip.Addr
 }
 
 var families = []family{
-	{"ipv4", "udp4", (*netlab.Link).Addr4},
-	{"ipv6", "udp6", (*netlab.Link).Addr6},
+	{"ipv4", (*netlab.Link).Addr4},
+	{"ipv6", (*netlab.Link).Addr6},
 }
 
 func TestKernelToRing(t *testing.T) {
@@ -153,7 +136,7 @@ func TestKernelToRing(t *testing.T) {
 			t.Parallel()
 			l := newLab(t, ring.Config{})
 			ep := l.bind(t, netip.AddrPortFrom(fam.addr(l.p.A), 0))
-			sender := kernelUDP(t, l.p.B.NS, fam.network, netip.AddrPortFrom(fam.addr(l.p.B), 0))
+			sender := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(fam.addr(l.p.B), 0))
 			const perSize = 200
 			buf := make([]byte, 70000)
 			for _, size := range sizes {
@@ -190,7 +173,7 @@ func TestRingToKernel(t *testing.T) {
 			t.Parallel()
 			l := newLab(t, ring.Config{})
 			ep := l.bind(t, netip.AddrPortFrom(fam.addr(l.p.A), 0))
-			recv := kernelUDP(t, l.p.B.NS, fam.network, netip.AddrPortFrom(fam.addr(l.p.B), 0))
+			recv := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(fam.addr(l.p.B), 0))
 			dst := recv.LocalAddr().(*net.UDPAddr).AddrPort()
 			csumBefore := udpStat(t, l.p.B.NS, fam.name == "ipv6", "InCsumErrors")
 			const perSize = 200
@@ -237,8 +220,8 @@ func TestKernelPathUnaffected(t *testing.T) {
 			t.Fatalf("ping %v while the program is attached: %v\n%s", dst, err, out)
 		}
 	}
-	plain := kernelUDP(t, l.p.A.NS, "udp4", netip.AddrPortFrom(l.p.A.Addr4(), 0))
-	sender := kernelUDP(t, l.p.B.NS, "udp4", netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	plain := l.p.A.NS.ListenUDP(t, netip.AddrPortFrom(l.p.A.Addr4(), 0))
+	sender := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
 	if _, err := sender.WriteToUDPAddrPort([]byte("kernel"), plain.LocalAddr().(*net.UDPAddr).AddrPort()); err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +277,7 @@ func TestReopenSameQueue(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	l := newLab(t, ring.Config{})
 	t.Run("port in use", func(t *testing.T) {
-		taken := kernelUDP(t, l.p.A.NS, "udp4", netip.AddrPortFrom(l.p.A.Addr4(), 0))
+		taken := l.p.A.NS.ListenUDP(t, netip.AddrPortFrom(l.p.A.Addr4(), 0))
 		_, err := l.r.BindUDP(taken.LocalAddr().(*net.UDPAddr).AddrPort())
 		if !errors.Is(err, unix.EADDRINUSE) {
 			t.Fatalf("bind to a port in use: %v, want EADDRINUSE", err)
@@ -370,7 +353,7 @@ func TestBadInput(t *testing.T) {
 func TestWildcardBindAndEcho(t *testing.T) {
 	l := newLab(t, ring.Config{})
 	ep := l.bind(t, netip.AddrPortFrom(netip.IPv4Unspecified(), 0))
-	echo := kernelUDP(t, l.p.B.NS, "udp4", netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	echo := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
 	go func() {
 		buf := make([]byte, 2048)
 		for {

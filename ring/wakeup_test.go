@@ -15,7 +15,7 @@ import (
 // takes well under a millisecond.
 func TestNewEndpointWakesEngine(t *testing.T) {
 	l := newLab(t, ring.Config{})
-	recv := kernelUDP(t, l.p.B.NS, "udp4", netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	recv := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
 	time.Sleep(50 * time.Millisecond) // let the engine go to sleep
 	for i := 0; i < 3; i++ {
 		ep := l.bind(t, netip.AddrPortFrom(l.p.A.Addr4(), 0))

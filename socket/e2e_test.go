@@ -112,31 +112,16 @@ func newLab(t *testing.T) *lab {
 	return l
 }
 
-// kernelUDP opens a kernel UDP socket in ns, closed when the test ends.
-func kernelUDP(t *testing.T, ns *netlab.NS, addr netip.AddrPort) *net.UDPConn {
+// echoServer answers every datagram with the same bytes, from B.
+func (l *lab) echoServer(t *testing.T, addr netip.AddrPort) netip.AddrPort {
 	t.Helper()
-	var c *net.UDPConn
-	if err := ns.Do(func() error {
-		var err error
-		c, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(addr))
-		return err
-	}); err != nil {
-		t.Fatalf("kernel socket on %v in %s: %v", addr, ns.Name, err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := l.p.B.NS.ListenUDP(t, addr)
 	// Room for bursts from many sockets (root may exceed rmem_max).
 	if rc, err := c.SyscallConn(); err == nil {
 		_ = rc.Control(func(fd uintptr) {
 			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20)
 		})
 	}
-	return c
-}
-
-// echoServer answers every datagram with the same bytes, from B.
-func (l *lab) echoServer(t *testing.T, addr netip.AddrPort) netip.AddrPort {
-	t.Helper()
-	c := kernelUDP(t, l.p.B.NS, addr)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -211,7 +196,7 @@ func TestE2EUnicast(t *testing.T) {
 				}
 			}
 			// Kernel-initiated: a socket in B sends first, the shim answers.
-			k := kernelUDP(t, l.p.B.NS, netip.AddrPortFrom(fam.echo.Addr(), 0))
+			k := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(fam.echo.Addr(), 0))
 			kaddr := k.LocalAddr().(*net.UDPAddr).AddrPort()
 			for i, size := range []int{18, 1400, 8000} {
 				p := payload(size, uint64(100+i))
@@ -593,8 +578,8 @@ func TestE2EMulticast(t *testing.T) {
 	if err := nl.AddrAdd(link, &netlink.Addr{IPNet: &net.IPNet{IP: src2.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
 		t.Fatalf("second address %v in B: %v", src2, err)
 	}
-	send1 := kernelUDP(t, l.p.B.NS, netip.AddrPortFrom(l.p.B.Addr4(), 0))
-	send2 := kernelUDP(t, l.p.B.NS, netip.AddrPortFrom(src2, 0))
+	send1 := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	send2 := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(src2, 0))
 
 	port := uint16(20000 + os.Getpid()%10000)
 	dst := netip.AddrPortFrom(group, port)

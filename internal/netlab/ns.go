@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sync"
+	"testing"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -298,4 +301,21 @@ func prepareRunDir() error {
 			return fmt.Errorf("netlab: bind mount %s onto itself: %w", netnsRunDir, err)
 		}
 	}
+}
+
+// ListenUDP opens an ordinary kernel UDP socket bound to addr inside ns, for
+// a test's peer; it is closed when the test ends.
+func (ns *NS) ListenUDP(tb testing.TB, addr netip.AddrPort) *net.UDPConn {
+	tb.Helper()
+	var c *net.UDPConn
+	err := ns.Do(func() error {
+		var err error
+		c, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(addr))
+		return err
+	})
+	if err != nil {
+		tb.Fatalf("kernel UDP socket %v in %s: %v", addr, ns.Name, err)
+	}
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
 }
