@@ -112,12 +112,12 @@ func (l *lab) stop() error {
 // flows returns the steering entries of the daemon's first ring.
 func (l *lab) flows(t *testing.T) map[string]bool {
 	t.Helper()
-	fl, err := l.d.Rings()[0].Program().Flows()
+	fl, err := l.d.Rings()[0].Flows()
 	if err != nil {
 		t.Fatalf("flows: %v", err)
 	}
 	out := map[string]bool{}
-	for f := range fl {
+	for _, f := range fl {
 		out[f.Dst.String()] = true
 	}
 	return out

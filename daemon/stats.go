@@ -515,7 +515,7 @@ func (d *Daemon) ringBlocks() []stats.Ring {
 		// Rings of one interface share its program: read it once.
 		p := r.Program()
 		xc, ok := progs[p]
-		if !ok {
+		if !ok && p != nil { // nil: the ring's provider is not steered by XDP
 			var err error
 			if xc, err = p.Counters(); err != nil {
 				d.log.Debug("cannot read the XDP program's counters", zap.String("iface", ri.it.Name), zap.Error(err))

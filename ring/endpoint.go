@@ -1,7 +1,6 @@
 package ring
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -12,9 +11,9 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/internal/sockq"
+	"github.com/bypassd/bypassd/ring/qp"
 	"github.com/bypassd/bypassd/ring/route"
 )
 
@@ -196,7 +195,7 @@ func (r *Ring) Bind(addr netip.AddrPort, opts BindOptions) (_ *Endpoint, err err
 	}
 	ep.local = unmap(ep.resv.Addr())
 	ep.steered = dsts
-	var added []bpf.Flow
+	var added []qp.Flow
 	for _, d := range dsts {
 		f := r.udpFlow(netip.AddrPortFrom(d, ep.local.Port()))
 		if err := r.addFlowLocked(f); err != nil {
@@ -506,15 +505,15 @@ func (r *Ring) retire(ep *Endpoint) {
 	r.retireMu.Unlock()
 }
 
-func (r *Ring) udpFlow(dst netip.AddrPort) bpf.Flow {
-	return bpf.Flow{Proto: unix.IPPROTO_UDP, Dst: dst}
+func (r *Ring) udpFlow(dst netip.AddrPort) qp.Flow {
+	return qp.Flow{Proto: unix.IPPROTO_UDP, Dst: dst}
 }
 
 // addFlowLocked steers f to this ring, sharing the entry with endpoints that
 // already use it (reuse-address binds, common groups). Holds r.mu.
-func (r *Ring) addFlowLocked(f bpf.Flow) error {
+func (r *Ring) addFlowLocked(f qp.Flow) error {
 	if r.flowRefs[f] == 0 {
-		if err := r.prog.AddFlow(f, uint32(r.cfg.Queue)); err != nil {
+		if err := r.steer.AddFlow(f); err != nil {
 			return err
 		}
 	}
@@ -523,7 +522,7 @@ func (r *Ring) addFlowLocked(f bpf.Flow) error {
 }
 
 // delFlowLocked drops one reference to f, removing the entry with the last.
-func (r *Ring) delFlowLocked(f bpf.Flow) {
+func (r *Ring) delFlowLocked(f qp.Flow) {
 	n := r.flowRefs[f]
 	if n == 0 {
 		return
@@ -533,7 +532,7 @@ func (r *Ring) delFlowLocked(f bpf.Flow) {
 		return
 	}
 	delete(r.flowRefs, f)
-	if err := r.prog.DeleteFlow(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := r.steer.DeleteFlow(f); err != nil {
 		r.log.Warn("delete steering entry failed", zap.Stringer("flow", f), zap.Error(err))
 	}
 }

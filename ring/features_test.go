@@ -137,11 +137,11 @@ func TestMulticast(t *testing.T) {
 	if err := ep2.Close(); err != nil {
 		t.Fatal(err)
 	}
-	flows, err := l.r.Program().Flows()
+	flows, err := l.r.Flows()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for f := range flows {
+	for _, f := range flows {
 		if f.Dst.Port() == port {
 			t.Errorf("steering entry %v left after close", f)
 		}

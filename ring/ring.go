@@ -48,6 +48,10 @@ type Config struct {
 	// Queue is the interface's receive/transmit queue id.
 	Queue int
 
+	// Provider names the raw queue pair backend (see RegisterProvider):
+	// "afxdp" (the default when empty).
+	Provider string
+
 	// Frames and FrameSize size the provider's buffer pool (afxdp
 	// defaults: 4096 frames of 2048 bytes).
 	Frames, FrameSize int
@@ -110,9 +114,8 @@ type Ring struct {
 	mtu     int
 	mac     net.HardwareAddr
 	ns      netns.NsHandle
-	key     progKey
-	prog    *bpf.Program
 	prov    qp.Provider
+	steer   qp.Steering
 	res     *route.Resolver
 	nl      *netlink.Handle
 
@@ -121,7 +124,7 @@ type Ring struct {
 	table  atomic.Pointer[table]
 	closed bool
 	// flowRefs counts the endpoints using each steering entry.
-	flowRefs map[bpf.Flow]int
+	flowRefs map[qp.Flow]int
 	// retireMu guards the batch of endpoints waiting to leave the table
 	// and whether a closer is already removing one (see retire).
 	retireMu   sync.Mutex
@@ -150,9 +153,10 @@ type Ring struct {
 	eng   engine
 }
 
-// Open creates the ring for cfg.Interface and cfg.Queue: attaches the XDP
-// steering program (shared with other rings of the interface), opens the
-// AF_XDP socket, and starts the engine thread. The interface is looked up in
+// Open creates the ring for cfg.Interface and cfg.Queue: opens the
+// provider's path (for afxdp: attaches the XDP steering program, shared with
+// other rings of the interface, and opens the AF_XDP socket), and starts the
+// engine thread. The interface is looked up in
 // the calling thread's network namespace.
 func Open(cfg Config) (_ *Ring, err error) {
 	cfg.setDefaults()
@@ -192,28 +196,22 @@ func Open(cfg Config) (_ *Ring, err error) {
 	if len(r.mac) != 6 {
 		return nil, fmt.Errorf("ring %s/%d: interface %s is not Ethernet (link type %s)", cfg.Interface, cfg.Queue, cfg.Interface, link.Type())
 	}
-	if r.key, err = nsKey(r.ifindex); err != nil {
-		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
+	if cfg.Provider == "" {
+		cfg.Provider = DefaultProvider
+		r.cfg.Provider = DefaultProvider
 	}
-	if r.prog, err = acquireProgram(r.key, bpf.Options{Mode: cfg.XDPMode}); err != nil {
-		return nil, fmt.Errorf("ring %s/%d: attach XDP program: %w", cfg.Interface, cfg.Queue, err)
-	}
-	cleanups = append(cleanups, func() { _ = releaseProgram(r.key) })
-	sock, err := afxdp.Open(afxdp.Config{Ifindex: r.ifindex, IfName: cfg.Interface, Queue: cfg.Queue,
-		Frames: cfg.Frames, FrameSize: cfg.FrameSize, Copy: cfg.Copy, XDPMode: r.prog.Mode().String()})
+	p, err := openPath(cfg.Provider, PathConfig{Interface: cfg.Interface, Ifindex: r.ifindex, Queue: cfg.Queue,
+		MAC: r.mac, MTU: r.mtu, NS: r.ns, Frames: cfg.Frames, FrameSize: cfg.FrameSize, Copy: cfg.Copy,
+		XDPMode: cfg.XDPMode, Log: r.log})
 	if err != nil {
-		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
+		return nil, fmt.Errorf("ring %s/%d: %s: %w", cfg.Interface, cfg.Queue, cfg.Provider, err)
 	}
-	r.prov = sock
-	cleanups = append(cleanups, func() { _ = sock.Close() })
-	caps := sock.Caps()
+	r.prov, r.steer = p.prov, p.steer
+	cleanups = append(cleanups, func() { _ = p.close() })
+	caps := r.prov.Caps()
 	if max := caps.FrameSize - 256 - 18; r.mtu > max {
 		return nil, fmt.Errorf("ring %s/%d: MTU %d is larger than a %d-byte frame can receive (max %d): lower the MTU or raise the frame size", cfg.Interface, cfg.Queue, r.mtu, caps.FrameSize, max)
 	}
-	if err = r.prog.SetSocket(uint32(cfg.Queue), sock.FD()); err != nil {
-		return nil, fmt.Errorf("ring %s/%d: register socket in XSKMAP: %w", cfg.Interface, cfg.Queue, err)
-	}
-	cleanups = append(cleanups, func() { _ = r.prog.ClearSocket(uint32(cfg.Queue)) })
 	if r.res, err = route.NewResolver(r.ns, r.ifindex, r.log); err != nil {
 		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
 	}
@@ -222,12 +220,12 @@ func Open(cfg Config) (_ *Ring, err error) {
 		return nil, fmt.Errorf("ring %s/%d: doorbell: %w", cfg.Interface, cfg.Queue, err)
 	}
 	r.table.Store(&table{byAddr: map[netip.AddrPort][]*Endpoint{}})
-	r.flowRefs = map[bpf.Flow]int{}
+	r.flowRefs = map[qp.Flow]int{}
 	r.eng.init(r)
-	fields := []zap.Field{zap.String("mode", caps.Mode), zap.Int("mtu", r.mtu),
+	fields := []zap.Field{zap.String("provider", caps.Provider), zap.String("mode", caps.Mode), zap.Int("mtu", r.mtu),
 		zap.Int("frames", caps.RXFrames+caps.TXFrames), zap.Int("frame_size", caps.FrameSize)}
-	if why := r.prog.FallbackReason(); why != nil {
-		fields = append(fields, zap.NamedError("native_xdp_refused", why))
+	if prog := r.Program(); prog != nil && prog.FallbackReason() != nil {
+		fields = append(fields, zap.NamedError("native_xdp_refused", prog.FallbackReason()))
 	}
 	r.log.Info("ring open", fields...)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
@@ -251,8 +249,17 @@ func (r *Ring) Interface() (string, int) { return r.cfg.Interface, r.cfg.Queue }
 // Endpoints returns how many endpoints are bound on the ring.
 func (r *Ring) Endpoints() int { return len(r.table.Load().all) }
 
-// Program returns the XDP steering program the ring uses.
-func (r *Ring) Program() *bpf.Program { return r.prog }
+// Program returns the XDP steering program the ring uses, nil when its
+// provider is steered otherwise.
+func (r *Ring) Program() *bpf.Program {
+	if s, ok := r.steer.(*xdpSteering); ok {
+		return s.prog
+	}
+	return nil
+}
+
+// Flows lists the flows steered to the ring, as the kernel reports them.
+func (r *Ring) Flows() ([]qp.Flow, error) { return r.steer.Flows() }
 
 // Done is closed when the engine has stopped: after Close, or when it failed
 // (then Err says why).
@@ -266,8 +273,9 @@ func (r *Ring) Err() error {
 	return nil
 }
 
-// Close stops the engine, closes every endpoint and releases the queue, the
-// XDP socket slot and (with the last ring of the interface) the program.
+// Close stops the engine, closes every endpoint and releases the path: the
+// steering (for afxdp the XSKMAP slot and, with the last ring of the
+// interface, the program) and the queue.
 func (r *Ring) Close() error {
 	r.mu.Lock()
 	if r.closed {
@@ -285,9 +293,7 @@ func (r *Ring) Close() error {
 	r.doorbell.Wake()
 	<-r.done
 	var errs []error
-	errs = append(errs, r.prog.ClearSocket(uint32(r.cfg.Queue)))
-	errs = append(errs, r.prov.Close())
-	errs = append(errs, releaseProgram(r.key))
+	errs = append(errs, path{prov: r.prov, steer: r.steer}.close())
 	errs = append(errs, r.res.Close())
 	errs = append(errs, r.doorbell.Close())
 	r.nl.Close()

@@ -1,0 +1,99 @@
+package ring
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/bypassd/bypassd/bpf"
+	"github.com/bypassd/bypassd/ring/afxdp"
+	"github.com/bypassd/bypassd/ring/qp"
+)
+
+// The default path: an AF_XDP socket on the ring's queue, fed by the XDP
+// steering program (shared by the rings of an interface, see program.go).
+func init() { RegisterProvider(DefaultProvider, openXDPPath) }
+
+func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
+	key, err := nsKey(pc.Ifindex)
+	if err != nil {
+		return nil, nil, err
+	}
+	prog, err := acquireProgram(key, bpf.Options{Mode: pc.XDPMode})
+	if err != nil {
+		return nil, nil, fmt.Errorf("attach XDP program: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = releaseProgram(key)
+		}
+	}()
+	sock, err := afxdp.Open(afxdp.Config{Ifindex: pc.Ifindex, IfName: pc.Interface, Queue: pc.Queue,
+		Frames: pc.Frames, FrameSize: pc.FrameSize, Copy: pc.Copy, XDPMode: prog.Mode().String()})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err = prog.SetSocket(uint32(pc.Queue), sock.FD()); err != nil {
+		_ = sock.Close()
+		return nil, nil, fmt.Errorf("register socket in XSKMAP: %w", err)
+	}
+	return sock, &xdpSteering{key: key, prog: prog, slot: uint32(pc.Queue)}, nil
+}
+
+// xdpSteering is the ring's view of the interface's XDP program: its flows
+// point at the ring's XSKMAP slot.
+type xdpSteering struct {
+	key  progKey
+	prog *bpf.Program
+	slot uint32
+}
+
+func (s *xdpSteering) AddFlow(f qp.Flow) error { return s.prog.AddFlow(bpf.Flow(f), s.slot) }
+
+func (s *xdpSteering) DeleteFlow(f qp.Flow) error {
+	if err := s.prog.DeleteFlow(bpf.Flow(f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// Flows lists the flows steered to this ring's slot (other rings of the
+// interface share the map).
+func (s *xdpSteering) Flows() ([]qp.Flow, error) {
+	m, err := s.prog.Flows()
+	if err != nil {
+		return nil, err
+	}
+	var out []qp.Flow
+	for f, slot := range m {
+		if slot == s.slot {
+			out = append(out, qp.Flow(f))
+		}
+	}
+	return out, nil
+}
+
+func (s *xdpSteering) Healthy() error {
+	ok, err := s.prog.Attached()
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errors.New("the XDP program was detached from the interface")
+	}
+	return nil
+}
+
+// Close removes the ring's flows (endpoints normally took theirs with
+// them), empties its XSKMAP slot and, with the last ring of the interface,
+// detaches the program.
+func (s *xdpSteering) Close() error {
+	var errs []error
+	flows, err := s.Flows()
+	errs = append(errs, err)
+	for _, f := range flows {
+		errs = append(errs, s.DeleteFlow(f))
+	}
+	errs = append(errs, s.prog.ClearSocket(s.slot), releaseProgram(s.key))
+	return errors.Join(errs...)
+}
