@@ -80,6 +80,9 @@ type Manager struct {
 	capacity int
 	inline   int
 	complete int
+	// chunk is the device's chunk size when the region has one (see
+	// Chunked): no allocation crosses a multiple of it. 0: no limit.
+	chunk int
 
 	// The live window is [tail, tail+used) modulo capacity; skipped bytes
 	// lie inside it, so the head is always (tail+used) % capacity.
@@ -123,6 +126,12 @@ func New(r Region, cfg Config) (*Manager, error) {
 		inline:   cfg.InlineThreshold,
 		complete: cfg.CompletionThreshold,
 	}
+	if c, ok := r.(Chunked); ok && size > 0 {
+		m.chunk = c.ChunkSize()
+		if m.chunk < Align || m.chunk&(m.chunk-1) != 0 {
+			return nil, fmt.Errorf("devmem: region chunk size %d is not a power of two of at least %d; the provider's region is broken", m.chunk, Align)
+		}
+	}
 	if m.capacity == 0 {
 		m.region = nil
 	}
@@ -158,7 +167,7 @@ func (m *Manager) Stage(pkt []byte) (off int, staged bool) {
 		m.inlinePkts.Add(1)
 		return 0, false
 	}
-	if n > m.capacity {
+	if n > m.capacity || m.chunk > 0 && n > m.chunk {
 		m.oobPkts.Add(1)
 		return 0, false
 	}
@@ -188,7 +197,9 @@ func (m *Manager) Stage(pkt []byte) (off int, staged bool) {
 // place finds room for size bytes at the head: after the newest allocation
 // if it fits before the end of the region (or before the oldest allocation
 // once wrapped), else at offset 0 if it fits before the oldest allocation,
-// charging the skipped tail bytes.
+// charging the skipped tail bytes. In a chunked region a packet that would
+// cross a chunk boundary starts at the next chunk instead, and the bytes
+// skipped to get there are charged to it the same way.
 func (m *Manager) place(size int) (off, skip int, ok bool) {
 	if m.used == 0 {
 		return 0, 0, true
@@ -200,19 +211,29 @@ func (m *Manager) place(size int) (off, skip int, ok bool) {
 	if head >= m.capacity {
 		// Already wrapped: free space is the single run [head, tail).
 		head -= m.capacity
-		if size <= m.tail-head {
-			return head, 0, true
+		off := m.inChunk(head, size)
+		if off+size <= m.tail {
+			return off, off - head, true
 		}
 		return 0, 0, false
 	}
 	// Not wrapped: free space is [head, capacity) and [0, tail).
-	if size <= m.capacity-head {
-		return head, 0, true
+	if off := m.inChunk(head, size); off+size <= m.capacity {
+		return off, off - head, true
 	}
 	if size <= m.tail {
 		return 0, m.capacity - head, true
 	}
 	return 0, 0, false
+}
+
+// inChunk returns at, or the next chunk boundary when size bytes at at
+// would cross one.
+func (m *Manager) inChunk(at, size int) int {
+	if m.chunk > 0 && at&(m.chunk-1)+size > m.chunk {
+		return at&^(m.chunk-1) + m.chunk
+	}
+	return at
 }
 
 // copyFailed records a failed copy. It is separate from Stage so the error
@@ -240,6 +261,27 @@ func (m *Manager) Release(off int) error {
 	if m.tail >= m.capacity {
 		m.tail -= m.capacity
 	}
+	if m.used == 0 {
+		m.tail = 0
+	}
+	m.inUse.Store(int64(m.used))
+	return nil
+}
+
+// Cancel gives back the newest live allocation, which must be the one Stage
+// placed at off, for a staged packet that was never posted (dropped while
+// the link was down). Its counters stay: the packet was staged.
+func (m *Manager) Cancel(off int) error {
+	if m.count == 0 {
+		return fmt.Errorf("%w: offset %d cancelled but nothing is staged", ErrReleaseOrder, off)
+	}
+	i := (m.first + m.count - 1) % len(m.fifo)
+	a := m.fifo[i]
+	if a.off != off {
+		return fmt.Errorf("%w: offset %d cancelled but the newest staged packet is at %d; cancel unposted packets newest first", ErrReleaseOrder, off, a.off)
+	}
+	m.count--
+	m.used -= a.size + a.skip
 	if m.used == 0 {
 		m.tail = 0
 	}

@@ -19,6 +19,28 @@ func newMem(t testing.TB, size int, cfg Config) (*Manager, *MemRegion) {
 	return m, r
 }
 
+// chunkedMem is a MemRegion whose device refuses packets that cross a chunk.
+type chunkedMem struct {
+	*MemRegion
+	chunk int
+}
+
+func (c chunkedMem) ChunkSize() int { return c.chunk }
+
+// newChunked is newMem over a region with chunk-sized chunks (0: none).
+func newChunked(t testing.TB, size, chunk int, cfg Config) (*Manager, *MemRegion) {
+	t.Helper()
+	if chunk == 0 {
+		return newMem(t, size, cfg)
+	}
+	r := NewMemRegion(make([]byte, size))
+	m, err := New(chunkedMem{r, chunk}, cfg)
+	if err != nil {
+		t.Fatalf("New(%d bytes, chunk %d): %v", size, chunk, err)
+	}
+	return m, r
+}
+
 // pkt returns n bytes of a pattern that differs per seed, so a misplaced or
 // overwritten copy is visible.
 func pkt(n int, seed byte) []byte {
@@ -494,5 +516,83 @@ func BenchmarkStageRelease(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestChunkBoundary: in a chunked region a packet never straddles a chunk;
+// the bytes skipped to the next chunk are charged to it and come back with
+// it, and a packet larger than a chunk is oob.
+func TestChunkBoundary(t *testing.T) {
+	m, r := newChunked(t, 4096, 2048, Config{})
+	a := pkt(1400, 1)
+	mustStage(t, m, a, 0)
+	// 1400 is charged as 1400 (already aligned); 1000 more would cross 2048.
+	b := pkt(1000, 2)
+	mustStage(t, m, b, 2048)
+	if m.Used() != 2048+1000 {
+		t.Fatalf("Used %d, want %d (648 skipped bytes charged to the second packet)", m.Used(), 2048+1000)
+	}
+	checkData(t, r, 0, a)
+	checkData(t, r, 2048, b)
+	// 1048 bytes remain in the second chunk: 1000 fits there, no skip.
+	mustStage(t, m, pkt(1000, 3), 3048)
+	mustNotStage(t, m, pkt(2049, 4))
+	if s := m.Stats(); s.OOBPackets != 1 {
+		t.Fatalf("a packet larger than a chunk: Stats %+v, want 1 oob", s)
+	}
+	mustRelease(t, m, 0)
+	mustRelease(t, m, 2048)
+	if m.Used() != 1000 {
+		t.Fatalf("Used %d after releasing the first two, want 1000 (the skip went with its packet)", m.Used())
+	}
+	// Wrapped: the head is 4048; 1400 goes to 0 charging 48 tail bytes.
+	mustStage(t, m, pkt(1400, 5), 0)
+	if m.Used() != 1000+48+1400 {
+		t.Fatalf("Used %d, want %d", m.Used(), 1000+48+1400)
+	}
+	// Head at 1400; 700 bytes would cross 2048, so they start there,
+	// skipping 648 bytes, and fit before the oldest live packet at 3048.
+	mustStage(t, m, pkt(700, 6), 2048)
+	if m.Used() != 1000+48+1400+648+704 {
+		t.Fatalf("Used %d, want %d", m.Used(), 1000+48+1400+648+704)
+	}
+	mustNotStage(t, m, pkt(600, 7))
+
+	if _, err := New(chunkedMem{NewMemRegion(make([]byte, 64)), 48}, Config{}); err == nil {
+		t.Error("chunk size 48 accepted")
+	}
+}
+
+// TestCancel: an unposted packet is given back newest first, the head moves
+// back with its skipped bytes, and anything but the newest is refused.
+func TestCancel(t *testing.T) {
+	m, _ := newChunked(t, 4096, 2048, Config{})
+	mustStage(t, m, pkt(1400, 1), 0)
+	mustStage(t, m, pkt(1000, 2), 2048)
+	if err := m.Cancel(0); !errors.Is(err, ErrReleaseOrder) {
+		t.Fatalf("Cancel of the oldest: %v, want ErrReleaseOrder", err)
+	}
+	if err := m.Cancel(2048); err != nil {
+		t.Fatal(err)
+	}
+	if m.Used() != 1400 || m.Outstanding() != 1 {
+		t.Fatalf("Used %d Outstanding %d after Cancel, want 1400 and 1", m.Used(), m.Outstanding())
+	}
+	mustStage(t, m, pkt(600, 3), 1400)
+	if err := m.Cancel(1400); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Cancel(0); err != nil {
+		t.Fatal(err)
+	}
+	if m.Used() != 0 || m.Outstanding() != 0 {
+		t.Fatalf("Used %d Outstanding %d after cancelling everything", m.Used(), m.Outstanding())
+	}
+	if err := m.Cancel(0); !errors.Is(err, ErrReleaseOrder) {
+		t.Fatalf("Cancel with nothing staged: %v, want ErrReleaseOrder", err)
+	}
+	mustStage(t, m, pkt(2048, 4), 0)
+	if s := m.Stats(); s.StagedPackets != 4 {
+		t.Fatalf("Stats %+v: cancelled packets still count as staged", s)
 	}
 }

@@ -11,11 +11,16 @@
 //   - Space is taken at the head. When a packet does not fit between the head
 //     and the end of the region but does fit at its start, the skipped tail
 //     bytes are charged to that packet and come back when it is released.
+//   - In a Chunked region (AF_XDP UMEM) no packet crosses a chunk boundary:
+//     one that would starts at the next chunk, and the skipped bytes are
+//     charged to it like a wrap.
 //   - Space is released strictly in allocation order, which is the order in
 //     which a send queue completes.
 //   - When the region cannot hold a packet (full, fragmented at the wrap, or
 //     the packet is larger than the region) the packet is not staged, goes
 //     from host memory, and is counted as oob (out of buffer).
+//   - A staged packet that is never posted is given back with Cancel,
+//     newest first.
 //   - When free space falls below the completion threshold (default 8 KiB),
 //     NeedCompletion reports true so the provider forces a completion and the
 //     space comes back before the region runs dry.

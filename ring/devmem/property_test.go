@@ -13,6 +13,7 @@ import (
 // is usable only if every byte it needs is unowned.
 type model struct {
 	capacity, inline int
+	chunk            int   // 0: packets may cross any offset
 	owner            []int // 0 = free, else allocation id
 	live             []modelAlloc
 	nextID           int
@@ -53,12 +54,22 @@ func (md *model) stage(p []byte) (off int, staged bool) {
 		last := md.live[len(md.live)-1]
 		head = last.off + (last.n+7)/8*8
 	}
-	from, to, skipFrom := -1, -1, -1
+	if md.chunk > 0 && n > md.chunk {
+		md.oob++
+		return 0, false
+	}
+	// In a chunked region a packet may not straddle a chunk boundary: it
+	// starts at the next chunk and the bytes in between are skipped.
+	at := head
+	if md.chunk > 0 && head/md.chunk != (head+size-1)/md.chunk {
+		at = (head/md.chunk + 1) * md.chunk
+	}
+	from, to, skipFrom, skipTo := -1, -1, -1, -1
 	switch {
-	case md.free(head, head+size):
-		from, to = head, head+size
+	case md.free(head, at+size):
+		from, to, skipFrom, skipTo = at, at+size, head, at
 	case len(md.live) > 0 && md.free(head, md.capacity) && md.free(0, size):
-		from, to, skipFrom = 0, size, head
+		from, to, skipFrom, skipTo = 0, size, head, md.capacity
 	default:
 		md.oob++
 		return 0, false
@@ -68,10 +79,8 @@ func (md *model) stage(p []byte) (off int, staged bool) {
 	for i := from; i < to; i++ {
 		md.owner[i] = id
 	}
-	if skipFrom >= 0 {
-		for i := skipFrom; i < md.capacity; i++ {
-			md.owner[i] = id
-		}
+	for i := skipFrom; i < skipTo; i++ {
+		md.owner[i] = id
 	}
 	md.live = append(md.live, modelAlloc{id: id, off: from, n: n, data: append([]byte(nil), p...)})
 	md.staged++
@@ -82,12 +91,24 @@ func (md *model) stage(p []byte) (off int, staged bool) {
 func (md *model) release() modelAlloc {
 	a := md.live[0]
 	md.live = md.live[1:]
+	md.disown(a.id)
+	return a
+}
+
+// cancel drops the newest allocation (a packet never posted).
+func (md *model) cancel() modelAlloc {
+	a := md.live[len(md.live)-1]
+	md.live = md.live[:len(md.live)-1]
+	md.disown(a.id)
+	return a
+}
+
+func (md *model) disown(id int) {
 	for i, o := range md.owner {
-		if o == a.id {
+		if o == id {
 			md.owner[i] = 0
 		}
 	}
-	return a
 }
 
 func (md *model) used() int {
@@ -149,8 +170,13 @@ func TestPropertyAgainstModel(t *testing.T) {
 		if seed%4 == 0 {
 			inline = 0
 		}
-		m, r := newMem(t, size, Config{InlineThreshold: inline, CompletionThreshold: rng.IntN(size)})
-		md := &model{capacity: m.Capacity(), inline: inline, owner: make([]int, m.Capacity())}
+		cfg := Config{InlineThreshold: inline, CompletionThreshold: rng.IntN(size)}
+		chunk := 0
+		if seed%3 == 1 {
+			chunk = 64 << rng.IntN(5) // 64..1024: packets often straddle
+		}
+		m, r := newChunked(t, size, chunk, cfg)
+		md := &model{capacity: m.Capacity(), inline: inline, chunk: chunk, owner: make([]int, m.Capacity())}
 		maxPkt := m.Capacity() + 16
 		if seed%2 == 0 {
 			maxPkt = m.Capacity()/3 + 16 // mostly small packets: many live at once
@@ -182,6 +208,14 @@ func TestPropertyAgainstModel(t *testing.T) {
 						t.Fatalf("seed %d step %d: %v", seed, step, err)
 					}
 				}
+			case rng.IntN(2) == 0:
+				// A staged packet that was never posted goes back.
+				if len(md.live) > 0 {
+					a := md.cancel()
+					if err := m.Cancel(a.off); err != nil {
+						t.Fatalf("seed %d step %d: %v", seed, step, err)
+					}
+				}
 			default:
 				// A release that is not the oldest must be refused and
 				// change nothing.
@@ -207,8 +241,12 @@ func TestPropertyAgainstModel(t *testing.T) {
 		if m.Used() != 0 || m.Free() != m.Capacity() {
 			t.Fatalf("seed %d: after draining used %d free %d of %d", seed, m.Used(), m.Free(), m.Capacity())
 		}
-		if m.Capacity() > inline {
-			p := make([]byte, m.Capacity())
+		whole := m.Capacity()
+		if chunk > 0 {
+			whole = min(whole, chunk)
+		}
+		if whole > inline {
+			p := make([]byte, whole)
 			if off, ok := m.Stage(p); !ok || off != 0 {
 				t.Fatalf("seed %d: full-capacity packet after draining = (%d, %v), want (0, true)", seed, off, ok)
 			}

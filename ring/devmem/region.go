@@ -17,6 +17,15 @@ type Region interface {
 	CopyTo(off int, b []byte) error
 }
 
+// Chunked is implemented by regions whose device refuses a packet that
+// crosses a chunk boundary, such as an AF_XDP UMEM in aligned-chunk mode
+// (the kernel rejects a TX descriptor whose bytes span two chunks). The
+// Manager then never places a packet across a multiple of ChunkSize, a
+// power of two; a packet larger than a chunk is not staged (oob).
+type Chunked interface {
+	ChunkSize() int
+}
+
 // ErrOutOfRange reports an access outside a MemRegion.
 var ErrOutOfRange = errors.New("devmem: access outside the region")
 
