@@ -14,7 +14,9 @@
 //
 // Memory: the UMEM is split in two pools, one for reception (its frames
 // circulate between the fill ring, the RX ring and the engine) and one for
-// transmission (a free stack fed by the completion ring). With root (or
+// transmission (a free stack fed by the completion ring), optionally
+// followed by chunks reserved for staged egress frames (Config.DeviceMemory,
+// see devmem.go), which belong to neither pool. With root (or
 // CAP_IPC_LOCK) the UMEM is not charged to RLIMIT_MEMLOCK; without it a large
 // UMEM fails with ENOBUFS, which Open explains.
 package afxdp
@@ -63,6 +65,9 @@ type Config struct {
 	// XDPMode is how the steering program is attached ("native" or
 	// "generic"); reported in Caps.Mode.
 	XDPMode string
+	// DeviceMemory reserves this many bytes of UMEM, rounded up to whole
+	// frames, for staged egress frames (AllocDeviceMemory); 0: none.
+	DeviceMemory int
 	// BusyTimeout bounds how long Open retries while the kernel still holds
 	// the queue for a socket closed a moment ago (default 2s).
 	BusyTimeout time.Duration
@@ -87,6 +92,9 @@ func (c *Config) setDefaults() error {
 	if c.RingSize < 32 || c.RingSize&(c.RingSize-1) != 0 {
 		return fmt.Errorf("ring size %d: must be a power of two >= 32", c.RingSize)
 	}
+	if c.DeviceMemory < 0 {
+		return fmt.Errorf("device memory %d bytes: must be 0 (none) or positive", c.DeviceMemory)
+	}
 	if c.BusyTimeout == 0 {
 		c.BusyTimeout = 2 * time.Second
 	}
@@ -108,6 +116,11 @@ type Socket struct {
 
 	// free holds UMEM addresses of unused TX frames (a stack).
 	free []uint64
+	// stageBase is where the staging chunks start (the end of the pools);
+	// stage is the region lent out and released gets its completions.
+	stageBase uint64
+	stage     *stageRegion
+	released  func(off int)
 	// txPending counts frames posted to the TX ring and not yet completed.
 	txPending int
 	rxFrames  int
@@ -157,7 +170,8 @@ func open(cfg Config, zeroCopy bool) (_ *Socket, err error) {
 		}
 	}()
 
-	size := cfg.Frames * cfg.FrameSize
+	s.stageBase = uint64(cfg.Frames * cfg.FrameSize)
+	size := (cfg.Frames + stageFrames(cfg.DeviceMemory, cfg.FrameSize)) * cfg.FrameSize
 	s.umem, err = unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
 		return nil, fmt.Errorf("allocate %d-byte UMEM: %w", size, err)
@@ -277,12 +291,13 @@ func (s *Socket) Caps() qp.Caps {
 		mode = s.cfg.XDPMode + "/" + copyMode
 	}
 	return qp.Caps{
-		Provider:  "afxdp",
-		Mode:      mode,
-		ZeroCopy:  s.zeroCopy,
-		FrameSize: s.cfg.FrameSize,
-		RXFrames:  s.rxFrames,
-		TXFrames:  s.cfg.Frames - s.rxFrames,
+		Provider:     "afxdp",
+		Mode:         mode,
+		ZeroCopy:     s.zeroCopy,
+		FrameSize:    s.cfg.FrameSize,
+		RXFrames:     s.rxFrames,
+		TXFrames:     s.cfg.Frames - s.rxFrames,
+		DeviceMemory: s.cfg.DeviceMemory,
 	}
 }
 
@@ -354,10 +369,13 @@ func (s *Socket) AllocTX(frames []qp.Frame) int {
 	return n
 }
 
-// FreeTX implements qp.Provider.
+// FreeTX implements qp.Provider. A staged frame is not a TX buffer and
+// never joins the free list.
 func (s *Socket) FreeTX(frames []qp.Frame) {
 	for i := range frames {
-		s.free = append(s.free, frames[i].Handle)
+		if frames[i].Handle < s.stageBase {
+			s.free = append(s.free, frames[i].Handle)
+		}
 	}
 }
 
@@ -431,7 +449,16 @@ func (s *Socket) Complete() int {
 	if n > 0 {
 		cons := s.comp.cachedCons
 		for i := uint32(0); i < n; i++ {
-			s.free = append(s.free, s.comp.addrs[(cons+i)&s.comp.mask])
+			addr := s.comp.addrs[(cons+i)&s.comp.mask]
+			if addr >= s.stageBase {
+				// A staged frame: its space goes back to the
+				// allocator, in completion order.
+				if s.released != nil {
+					s.released(int(addr - s.stageBase))
+				}
+				continue
+			}
+			s.free = append(s.free, addr)
 		}
 		s.comp.cachedCons = cons + n
 		s.comp.publishConsumer(s.comp.cachedCons)

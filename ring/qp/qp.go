@@ -55,8 +55,8 @@ type Caps struct {
 	// RateLimit describes hardware pacing; nil means the engine paces in
 	// software.
 	RateLimit *RateLimitCaps
-	// DeviceMemory is the number of bytes of on-device staging memory the
-	// provider can hand out (0: none).
+	// DeviceMemory is the number of bytes of staging memory the provider
+	// can hand out through DeviceMemory (0: none; the engine never stages).
 	DeviceMemory int
 	// HWTimestamps reports whether RX frames may carry HWTimestamp.
 	HWTimestamps bool
@@ -145,8 +145,24 @@ type RateLimiter interface {
 // with the provider.
 type DeviceMemory interface {
 	// AllocDeviceMemory reserves size bytes for the staging allocator
-	// (package ring/devmem).
-	AllocDeviceMemory(size int) (devmem.Region, error)
+	// (package ring/devmem); at most Caps.DeviceMemory bytes, once per
+	// provider. released is called on the engine thread, from Complete (and
+	// from AllocTX, which reaps), with the region offset of every staged
+	// frame whose send completed, in completion order, so that the
+	// allocator gets its space back.
+	AllocDeviceMemory(size int, released func(off int)) (DeviceRegion, error)
+}
+
+// DeviceRegion is staging memory a DeviceMemory provider handed out.
+type DeviceRegion interface {
+	devmem.Region
+	// TXFrame returns the frame that posts the n bytes staged at off with
+	// TXBurst. Such a frame never goes to FreeTX: its space comes back
+	// through the released callback once sent, or through
+	// devmem.Manager.Cancel when it is never posted.
+	TXFrame(off, n int) Frame
+	// Offset reports whether f is a frame of the region, and its offset.
+	Offset(f Frame) (off int, ok bool)
 }
 
 // ErrClosed is returned by operations on a closed provider.
