@@ -116,6 +116,8 @@ type engine struct {
 	lastExpire time.Time
 	// lastTable is the endpoint table templates were last pruned for.
 	lastTable *table
+	// stg stages built frames in device memory (staging.go).
+	stg staging
 }
 
 // pruneTemplates forgets the templates of endpoints no longer bound.
@@ -501,6 +503,7 @@ func (e *engine) drain(t *table, ep *Endpoint) (int, error) {
 			ep.stats.TXErrors.Add(1)
 			r.stats.TXErrors.Add(1)
 		} else {
+			e.stage(e.tx[base:])
 			d.ipID++
 			if frames > 1 {
 				r.stats.TXFragments.Add(uint64(frames))
@@ -532,7 +535,7 @@ func (e *engine) post() error {
 		// The link is down: drop what could not be posted, as a NIC
 		// would; the ring goes on and sends again when the link is up.
 		e.r.stats.TXLinkDown.Add(uint64(len(e.backlog)))
-		e.r.prov.FreeTX(e.backlog)
+		e.dropFrames(e.backlog)
 		e.backlog = e.backlog[:0]
 		return nil
 	}

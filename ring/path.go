@@ -43,7 +43,10 @@ type PathConfig struct {
 	// Copy and XDPMode are the afxdp options (see Config).
 	Copy    afxdp.CopyMode
 	XDPMode bpf.AttachMode
-	Log     *zap.Logger
+	// DeviceMemory is how many bytes of staging memory to reserve
+	// (Config.DevMemTX); a provider without device memory ignores it.
+	DeviceMemory int
+	Log          *zap.Logger
 }
 
 // OpenPathFunc opens a provider and its steering. On error it leaves nothing

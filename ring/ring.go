@@ -62,6 +62,15 @@ type Config struct {
 	// when the driver refuses).
 	XDPMode bpf.AttachMode
 
+	// DevMemTX is how many bytes of device memory egress frames are
+	// staged in (BYPASSD_RING_DEV_MEM_TX; rounded up to 64). 0, or a
+	// provider without device memory: frames go from their TX buffers.
+	DevMemTX int
+	// DevMemInline is the inline threshold: frames of at most this many
+	// bytes are never staged (default 204; negative: 0, every frame is a
+	// candidate).
+	DevMemInline int
+
 	// CPUs pins the engine thread to these CPUs (empty: no pinning), like
 	// VMA's internal thread affinity.
 	CPUs []int
@@ -103,6 +112,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Log == nil {
 		c.Log = zap.NewNop()
+	}
+	if c.DevMemTX > 0 {
+		c.DevMemTX = (c.DevMemTX + 63) &^ 63
 	}
 }
 
@@ -163,6 +175,9 @@ func Open(cfg Config) (_ *Ring, err error) {
 	if cfg.QueueBytes&(cfg.QueueBytes-1) != 0 || cfg.QueueBytes < 4096 || cfg.QueueBytes > 1<<30 {
 		return nil, fmt.Errorf("ring %s/%d: queue size %d: must be a power of two from 4 KiB to 1 GiB", cfg.Interface, cfg.Queue, cfg.QueueBytes)
 	}
+	if cfg.DevMemTX < 0 {
+		return nil, fmt.Errorf("ring %s/%d: device memory %d bytes: must be 0 (off) or positive", cfg.Interface, cfg.Queue, cfg.DevMemTX)
+	}
 	if cfg.ResolveTimeout < 0 {
 		return nil, fmt.Errorf("ring %s/%d: negative resolve timeout %v", cfg.Interface, cfg.Queue, cfg.ResolveTimeout)
 	}
@@ -202,7 +217,7 @@ func Open(cfg Config) (_ *Ring, err error) {
 	}
 	p, err := openPath(cfg.Provider, PathConfig{Interface: cfg.Interface, Ifindex: r.ifindex, Queue: cfg.Queue,
 		MAC: r.mac, MTU: r.mtu, NS: r.ns, Frames: cfg.Frames, FrameSize: cfg.FrameSize, Copy: cfg.Copy,
-		XDPMode: cfg.XDPMode, Log: r.log})
+		XDPMode: cfg.XDPMode, DeviceMemory: cfg.DevMemTX, Log: r.log})
 	if err != nil {
 		return nil, fmt.Errorf("ring %s/%d: %s: %w", cfg.Interface, cfg.Queue, cfg.Provider, err)
 	}
@@ -222,6 +237,9 @@ func Open(cfg Config) (_ *Ring, err error) {
 	r.table.Store(&table{byAddr: map[netip.AddrPort][]*Endpoint{}})
 	r.flowRefs = map[qp.Flow]int{}
 	r.eng.init(r)
+	if err = r.eng.initStaging(); err != nil {
+		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
+	}
 	fields := []zap.Field{zap.String("provider", caps.Provider), zap.String("mode", caps.Mode), zap.Int("mtu", r.mtu),
 		zap.Int("frames", caps.RXFrames+caps.TXFrames), zap.Int("frame_size", caps.FrameSize)}
 	if prog := r.Program(); prog != nil && prog.FallbackReason() != nil {

@@ -29,7 +29,8 @@ func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 		}
 	}()
 	sock, err := afxdp.Open(afxdp.Config{Ifindex: pc.Ifindex, IfName: pc.Interface, Queue: pc.Queue,
-		Frames: pc.Frames, FrameSize: pc.FrameSize, Copy: pc.Copy, XDPMode: prog.Mode().String()})
+		Frames: pc.Frames, FrameSize: pc.FrameSize, Copy: pc.Copy, XDPMode: prog.Mode().String(),
+		DeviceMemory: pc.DeviceMemory})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -1,0 +1,131 @@
+package ring
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+
+	"github.com/bypassd/bypassd/ring/devmem"
+	"github.com/bypassd/bypassd/ring/qp"
+)
+
+// Egress staging decides WHERE a built frame is sent from: its regular TX
+// buffer, or a copy in the provider's device memory (on ConnectX the NIC
+// then skips a PCI read per packet; with AF_XDP it is a reserved UMEM area).
+// It does not decide when a frame leaves; that is the TX path's business.
+// Frames at or under the inline threshold and frames the region cannot hold
+// (oob) stay in their TX buffer. A provider without qp.DeviceMemory (or a
+// ring configured with DevMemTX 0) gets a disabled allocator: zero
+// capacity, nothing staged, nothing counted.
+
+// DevMemStats are a ring's egress staging counters.
+type DevMemStats struct {
+	devmem.Stats
+	// ReleaseErrors counts completions of staged frames that were not the
+	// oldest staged frame: the device completed out of order, and that
+	// space stays taken. 0 on a healthy queue.
+	ReleaseErrors uint64
+}
+
+// DevMemStats returns the ring's staging counters; Capacity is the granted
+// region size (0: staging off).
+func (r *Ring) DevMemStats() DevMemStats {
+	st := &r.eng.stg
+	return DevMemStats{Stats: st.mgr.Stats(), ReleaseErrors: st.releaseErrs.Load()}
+}
+
+// staging is the engine's staging state; only the engine thread uses mgr
+// and region.
+type staging struct {
+	mgr         *devmem.Manager
+	region      qp.DeviceRegion
+	releaseErrs atomic.Uint64
+	log         *zap.Logger
+}
+
+// initStaging asks the provider for cfg.DevMemTX bytes of device memory.
+// It runs before the engine starts.
+func (e *engine) initStaging() error {
+	r, st := e.r, &e.stg
+	st.log = r.log
+	cfg := devmem.DefaultConfig()
+	switch {
+	case r.cfg.DevMemInline > 0:
+		cfg.InlineThreshold = r.cfg.DevMemInline
+	case r.cfg.DevMemInline < 0:
+		cfg.InlineThreshold = 0
+	}
+	dm, ok := r.prov.(qp.DeviceMemory)
+	if r.cfg.DevMemTX > 0 && ok && r.prov.Caps().DeviceMemory > 0 {
+		reg, err := dm.AllocDeviceMemory(r.cfg.DevMemTX, st.released)
+		if err != nil {
+			return fmt.Errorf("device memory: %w", err)
+		}
+		st.region = reg
+	}
+	var reg devmem.Region
+	if st.region != nil {
+		reg = st.region
+	}
+	m, err := devmem.New(reg, cfg)
+	if err != nil {
+		return fmt.Errorf("device memory: %w", err)
+	}
+	st.mgr = m
+	if r.cfg.DevMemTX > 0 {
+		r.log.Info("egress staging", zap.Int("dev_mem_tx_requested", r.cfg.DevMemTX),
+			zap.Int("dev_mem_tx_granted", m.Capacity()), zap.Int("inline_threshold", cfg.InlineThreshold),
+			zap.String("provider", r.prov.Caps().Provider))
+	}
+	return nil
+}
+
+// released is the provider's completion callback for staged frames.
+func (st *staging) released(off int) {
+	if err := st.mgr.Release(off); err != nil {
+		if st.releaseErrs.Add(1) == 1 {
+			st.log.Warn("staged frame completed out of order; its device memory stays taken", zap.Error(err))
+		}
+	}
+}
+
+// stage moves the frames of one datagram that are over the inline threshold
+// into device memory, returning their TX buffers to the provider. When the
+// region runs low it reaps completions first so the space comes back.
+func (e *engine) stage(frames []qp.Frame) {
+	st := &e.stg
+	if !st.mgr.Enabled() {
+		return
+	}
+	if st.mgr.NeedCompletion() {
+		e.r.prov.Complete()
+	}
+	for i := range frames {
+		off, ok := st.mgr.Stage(frames[i].Buf)
+		if !ok {
+			continue
+		}
+		e.r.prov.FreeTX(frames[i : i+1])
+		frames[i] = st.region.TXFrame(off, len(frames[i].Buf))
+	}
+}
+
+// dropFrames gives back frames that will never be posted: TX buffers to the
+// provider, staged frames to the allocator. They are the newest frames, so
+// staged ones are cancelled newest first.
+func (e *engine) dropFrames(frames []qp.Frame) {
+	st := &e.stg
+	for i := len(frames) - 1; i >= 0; i-- {
+		if st.region != nil {
+			if off, ok := st.region.Offset(frames[i]); ok {
+				if err := st.mgr.Cancel(off); err != nil {
+					st.releaseErrs.Add(1)
+					st.log.Warn("cannot give back an unposted staged frame", zap.Error(err))
+				}
+				continue
+			}
+		}
+		e.r.prov.FreeTX(frames[i : i+1])
+	}
+}
