@@ -30,6 +30,8 @@ type session struct {
 
 	hello     bool
 	malformed int
+	// program is the name HELLO gave (guarded by pub: QUERY reads it).
+	program string
 	// limitWarned: a limit hit was logged at Warn already.
 	limitWarned bool
 	// client is the stats of the session's process (nil: a tool session,
@@ -205,6 +207,12 @@ func (s *session) handle(h ctlproto.Header, msg ctlproto.Message) bool {
 			return s.fail(h, fmt.Errorf("ZERO_STATS body %T: %w", msg, unix.EINVAL))
 		}
 		return s.onZeroStats(h, m)
+	case ctlproto.CodeQuery:
+		m, ok := msg.(*ctlproto.Query)
+		if !ok {
+			return s.fail(h, fmt.Errorf("QUERY body %T: %w", msg, unix.EINVAL))
+		}
+		return s.onQuery(h, m)
 	}
 	k := s.sockets[h.Socket]
 	if k == nil {
@@ -255,6 +263,9 @@ func (s *session) onHello(h ctlproto.Header, msg ctlproto.Message) bool {
 		return false
 	}
 	s.log = s.log.With(zap.String("program", m.Name))
+	s.pub.Lock()
+	s.program = m.Name
+	s.pub.Unlock()
 	if m.MinVersion > ctlproto.Version || m.MaxVersion < ctlproto.Version {
 		s.fail(h, fmt.Errorf("client speaks protocol versions %d..%d, this daemon %d: %w", m.MinVersion, m.MaxVersion, ctlproto.Version, unix.EPROTONOSUPPORT))
 		s.log.Info("closing session: no common protocol version", zap.Uint16("min", m.MinVersion), zap.Uint16("max", m.MaxVersion))

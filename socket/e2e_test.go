@@ -18,11 +18,10 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/netlab"
 )
@@ -66,47 +65,12 @@ func newLab(t *testing.T) *lab {
 	t.Helper()
 	// Static neighbours: what is tested here is the shim, not ARP.
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	// A directory other users can traverse (t.TempDir's parent is 0700),
-	// so that the unprivileged client can reach the socket.
-	dir, err := os.MkdirTemp("", "bdsock")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	l := &lab{p: p, dir: dir, path: filepath.Join(dir, "ctl.sock")}
-	cfg := daemon.Config{
-		Interfaces: []daemon.Interface{{Name: p.A.Name}},
-		SocketPath: l.path,
-		SocketMode: 0o666,
-		RunDir:     dir,
-		StatsDir:   filepath.Join(dir, "stats"),
-		QueueBytes: 64 << 10,
-		Frames:     4096,
+	srv := daemontest.Start(t, p, daemon.Config{
 		RXPoll:     20 * time.Microsecond,
 		EnginePoll: 20 * time.Microsecond,
-	}
-	if err := p.A.NS.Do(func() error {
-		var err error
-		l.d, err = daemon.New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-		return err
-	}); err != nil {
-		t.Fatalf("start bypassd on %s: %v", p.A.Name, err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- l.d.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("bypassd Serve: %v", err)
-		}
-		if err := l.d.Close(); err != nil {
-			t.Errorf("bypassd Close: %v", err)
-		}
-	})
+		Frames:     4096,
+	}, nil)
+	l := &lab{p: p, d: srv.Daemon, dir: srv.Dir, path: srv.SocketPath()}
 	l.echo4 = l.echoServer(t, netip.AddrPortFrom(p.B.Addr4(), 0))
 	l.echo6 = l.echoServer(t, netip.AddrPortFrom(p.B.Addr6(), 0))
 	return l

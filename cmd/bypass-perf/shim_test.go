@@ -6,15 +6,12 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
-
 	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/netlab"
 )
 
@@ -30,40 +27,14 @@ func newShimLab(t *testing.T) *shimLab {
 	// Static neighbour entries: a benchmark lab needs no ARP, and the
 	// ring's next-hop resolution is not what these tests are about.
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	dir := t.TempDir()
-	cfg := daemon.Config{
-		Interfaces: []daemon.Interface{{Name: p.A.Name}},
-		SocketPath: filepath.Join(dir, "bypassd.sock"),
-		RunDir:     dir,
-		StatsDir:   filepath.Join(dir, "stats"),
+	srv := daemontest.Start(t, p, daemon.Config{
 		QueueBytes: 256 << 10,
-		Frames:     1024,
 		// Clients spin a little before sleeping, as a latency set-up would.
 		RXPoll: 50 * time.Microsecond,
 		// The engine too spins a little, then sleeps.
 		EnginePoll: 50 * time.Microsecond,
-	}
-	var d *daemon.Daemon
-	if err := p.A.NS.Do(func() error {
-		var err error
-		d, err = daemon.New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-		return err
-	}); err != nil {
-		t.Fatalf("start bypassd on %s: %v", p.A.Name, err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- d.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("bypassd Serve: %v", err)
-		}
-		if err := d.Close(); err != nil {
-			t.Errorf("bypassd Close: %v", err)
-		}
-	})
-	return &shimLab{p: p, socketPath: cfg.SocketPath}
+	}, nil)
+	return &shimLab{p: p, socketPath: srv.SocketPath()}
 }
 
 // shim opens a session with the lab's daemon, closed when the test ends.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -14,31 +13,6 @@ import (
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/stats"
 )
-
-// levelNames are the log levels -l accepts, as zap numbers them.
-var levelNames = map[string]int32{"debug": -1, "info": 0, "warn": 1, "error": 2}
-
-func parseLevel(v string) (int32, error) {
-	if n, ok := levelNames[strings.ToLower(v)]; ok {
-		return n, nil
-	}
-	if n, err := strconv.Atoi(v); err == nil && n >= ctlproto.LogLevelDebug && n <= ctlproto.LogLevelError {
-		return int32(n), nil
-	}
-	return 0, fmt.Errorf("log level %q: want debug, info, warn or error", v)
-}
-
-func levelName(l int32) string {
-	for n, v := range levelNames {
-		if v == l {
-			return n
-		}
-	}
-	return strconv.Itoa(int(l))
-}
-
-// requestTimeout bounds one administrative request.
-const requestTimeout = 5 * time.Second
 
 // daemonSocket finds the control socket: --socket, else the one the
 // daemon's stats file names (the only live daemon in the directory when
@@ -75,71 +49,21 @@ func daemonSocket(o *options, daemonPID int) (string, error) {
 // request sends one administrative request to the daemon and returns the
 // reply body.
 func request(path string, code ctlproto.Code, body ctlproto.Message) (ctlproto.Message, error) {
-	c, err := ctlproto.Dial(path)
+	a, err := ctlproto.DialAdmin(path, "bypass-stats")
 	if err != nil {
 		if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
 			return nil, fmt.Errorf("%w (bypass-stats -z and -l talk to bypassd's control socket: run as root or as a member of its group)", err)
 		}
 		return nil, err
 	}
-	defer c.Close()
-	_ = c.SetReadDeadline(time.Now().Add(requestTimeout))
-	_ = c.SetWriteDeadline(time.Now().Add(requestTimeout))
-	hello := ctlproto.NewHello("bypass-stats")
-	hello.Flags = ctlproto.HelloFlagNoStats
-	if _, err := call(c, ctlproto.Header{Code: ctlproto.CodeHello, ReqID: 1}, hello); err != nil {
-		return nil, fmt.Errorf("bypassd at %s: HELLO: %w", path, err)
-	}
-	return call(c, ctlproto.Header{Code: code, ReqID: 2}, body)
-}
-
-// call sends h and body and waits for the matching reply.
-func call(c *ctlproto.Conn, h ctlproto.Header, body ctlproto.Message) (ctlproto.Message, error) {
-	if err := c.Send(h, body); err != nil {
-		return nil, err
-	}
-	for {
-		rh, m, fds, err := c.Recv()
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if rh.Code == ctlproto.CodeShutdown {
-			return nil, errors.New("bypassd is shutting down")
-		}
-		if rh.ReqID != h.ReqID || rh.Code != h.Code|ctlproto.ReplyBit {
-			continue
-		}
-		if rh.Status != 0 {
-			return nil, rh.Status
-		}
-		return m, nil
-	}
-}
-
-// adminError explains a refused administrative request.
-func adminError(what string, err error) error {
-	var errno unix.Errno
-	if errors.As(err, &errno) {
-		switch errno {
-		case unix.EPERM:
-			return fmt.Errorf("%s: permission denied: it needs root or bypassd's own user (you are uid %d)", what, os.Getuid())
-		case unix.ESRCH:
-			return fmt.Errorf("%s: bypassd does not know that process (it is not, or no longer, a client)", what)
-		case unix.EOPNOTSUPP:
-			return fmt.Errorf("%s: bypassd does not support it in its configuration (stats files off, or a fixed log level)", what)
-		case unix.ENOSYS:
-			return fmt.Errorf("%s: this bypassd is too old for the request (upgrade it)", what)
-		}
-	}
-	return fmt.Errorf("%s: %w", what, err)
+	defer a.Close()
+	m, _, err := a.Call(ctlproto.Header{Code: code}, body)
+	return m, err
 }
 
 // setLogLevel serves -l.
 func setLogLevel(o *options, w io.Writer) error {
-	level, err := parseLevel(o.logLevel)
+	level, err := ctlproto.ParseLogLevel(o.logLevel)
 	if err != nil {
 		return err
 	}
@@ -159,13 +83,13 @@ func setLogLevel(o *options, w io.Writer) error {
 	}
 	m, err := request(path, ctlproto.CodeSetLogLevel, ctlproto.LogLevel{Level: level})
 	if err != nil {
-		return adminError("set bypassd's log level", err)
+		return ctlproto.AdminError("set bypassd's log level", err)
 	}
 	prev, ok := m.(*ctlproto.LogLevel)
 	if !ok {
 		return fmt.Errorf("set bypassd's log level: unexpected reply %T", m)
 	}
-	fmt.Fprintf(w, "bypassd log level: %s -> %s\n", levelName(prev.Level), levelName(level))
+	fmt.Fprintf(w, "bypassd log level: %s -> %s\n", ctlproto.LogLevelName(prev.Level), ctlproto.LogLevelName(level))
 	return nil
 }
 
@@ -186,7 +110,7 @@ func zeroStats(o *options, t *target) error {
 		req = ctlproto.ZeroStats{Daemon: true}
 	}
 	if _, err := request(path, ctlproto.CodeZeroStats, req); err != nil {
-		return adminError(fmt.Sprintf("zero the counters of pid %d", h.PID), err)
+		return ctlproto.AdminError(fmt.Sprintf("zero the counters of pid %d", h.PID), err)
 	}
 	wait := 10 * max(before.Header.Interval, 100*time.Millisecond)
 	for deadline := time.Now().Add(wait); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {

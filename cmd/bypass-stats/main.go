@@ -136,7 +136,7 @@ func parseOptions(args []string, getenv func(string) string) (*options, error) {
 		return err
 	})
 	both("l", "log-level", func(v string) error {
-		if _, err := parseLevel(v); err != nil {
+		if _, err := ctlproto.ParseLogLevel(v); err != nil {
 			return err
 		}
 		o.logLevel = v

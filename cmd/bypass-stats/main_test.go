@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/socket"
 	"github.com/bypassd/bypassd/stats"
@@ -51,51 +52,14 @@ type lab struct {
 func newLab(t *testing.T) *lab {
 	t.Helper()
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	dir, err := os.MkdirTemp("", "bdstats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	l := &lab{p: p, dir: dir, stats: filepath.Join(dir, "stats"), sock: filepath.Join(dir, "ctl.sock"),
-		level: zap.NewAtomicLevelAt(zap.InfoLevel)}
-	cfg := daemon.Config{
-		Interfaces:    []daemon.Interface{{Name: p.A.Name}},
-		SocketPath:    l.sock,
-		SocketMode:    0o666,
-		RunDir:        dir,
-		StatsDir:      l.stats,
+	level := zap.NewAtomicLevelAt(zap.InfoLevel)
+	srv := daemontest.Start(t, p, daemon.Config{
 		QueueBytes:    256 << 10,
-		Frames:        1024,
 		StatsInterval: 10 * time.Millisecond,
 		Version:       "test",
-		LogLevel:      &l.level,
-	}
-	log := zaptest.NewLogger(t, zaptest.Level(l.level))
-	if err := p.A.NS.Do(func() error {
-		var err error
-		l.d, err = daemon.New(cfg, log)
-		return err
-	}); err != nil {
-		t.Fatalf("start bypassd: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- l.d.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-		if err := l.d.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-		if left, _ := os.ReadDir(l.stats); len(left) != 0 {
-			t.Errorf("stats files left behind: %v", left)
-		}
-	})
+		LogLevel:      &level,
+	}, zaptest.NewLogger(t, zaptest.Level(level)))
+	l := &lab{p: p, d: srv.Daemon, dir: srv.Dir, stats: srv.Config.StatsDir, sock: srv.SocketPath(), level: level}
 	return l
 }
 

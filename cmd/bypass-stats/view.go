@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/stats"
 )
 
@@ -449,7 +450,7 @@ func (v *viewer) printDaemon() error {
 		mode = fmt.Sprintf("per second over the last %.1fs", v.elapsed.Seconds())
 	}
 	fmt.Fprintf(w, "%s\nbypassd %d (%s), %s, log level %s; %s; updated %s\n", separator, h.PID, d.Version,
-		plural(len(v.snap.Rings), "ring"), levelName(int32(d.LogLevel)), mode, h.Updated.Format("15:04:05.000"))
+		plural(len(v.snap.Rings), "ring"), ctlproto.LogLevelName(int32(d.LogLevel)), mode, h.Updated.Format("15:04:05.000"))
 	fmt.Fprintf(w, "clients %d (%d since start), sockets %d (%d opened), control requests %d (%d failed), malformed %d\n",
 		v.daemonCount(d, stats.DaemonSessions), v.daemonCount(d, stats.DaemonSessionsTotal),
 		v.daemonCount(d, stats.DaemonSockets), v.daemonCount(d, stats.DaemonSocketsTotal),

@@ -93,8 +93,11 @@ const (
 	// (bypass-stats -l and -z); the daemon checks the caller's uid.
 	CodeSetLogLevel Code = 10
 	CodeZeroStats   Code = 11
-	CodeShutdown    Code = 16
-	ReplyBit        Code = 0x8000
+	// CodeQuery asks the daemon for a read-only JSON document on a topic
+	// (bypassctl); the reply carries the document in a sealed memfd.
+	CodeQuery    Code = 12
+	CodeShutdown Code = 16
+	ReplyBit     Code = 0x8000
 )
 
 var codeNames = map[Code]string{
@@ -109,6 +112,7 @@ var codeNames = map[Code]string{
 	CodeClose:       "CLOSE",
 	CodeSetLogLevel: "SET_LOG_LEVEL",
 	CodeZeroStats:   "ZERO_STATS",
+	CodeQuery:       "QUERY",
 	CodeShutdown:    "SHUTDOWN",
 }
 
@@ -266,6 +270,19 @@ type ZeroStats struct {
 	Daemon bool
 }
 
+// Query is the QUERY request body: the topic asked for (TopicMax bytes at
+// most, lowercase letters, digits and '-').
+type Query struct {
+	Topic string
+}
+
+// QueryReply is the QUERY reply body. The packet carries one file
+// descriptor (FDQueryDocument): a sealed memfd whose first Size bytes are
+// the topic's JSON document.
+type QueryReply struct {
+	Size uint64
+}
+
 // Empty is the body of CLOSE requests, of replies without a body and of
 // every failed reply.
 type Empty struct{}
@@ -284,6 +301,8 @@ func (Group) isMessage()        {}
 func (Shutdown) isMessage()     {}
 func (LogLevel) isMessage()     {}
 func (ZeroStats) isMessage()    {}
+func (Query) isMessage()        {}
+func (QueryReply) isMessage()   {}
 func (Empty) isMessage()        {}
 
 // Body sizes in bytes.
@@ -300,6 +319,8 @@ const (
 	lenShutdown     = 4
 	lenLogLevel     = 4
 	lenZeroStats    = 8
+	lenQuery        = TopicMax
+	lenQueryReply   = 8
 )
 
 // NewHello returns a HELLO body offering exactly this package's Version,
@@ -318,10 +339,17 @@ func NewHello(name string) Hello {
 }
 
 // ExpectFDs returns how many file descriptors a packet with header h must
-// carry: FDsOpen for a successful OPEN reply, 0 for everything else.
+// carry: FDsOpen for a successful OPEN reply, 1 for a successful QUERY
+// reply, 0 for everything else.
 func ExpectFDs(h Header) int {
-	if h.Code == CodeOpen|ReplyBit && h.Status == 0 {
+	if h.Status != 0 {
+		return 0
+	}
+	switch h.Code {
+	case CodeOpen | ReplyBit:
 		return FDsOpen
+	case CodeQuery | ReplyBit:
+		return 1
 	}
 	return 0
 }
@@ -374,7 +402,7 @@ func checkHeader(h Header) error {
 	}
 	switch h.Code {
 	case CodeHello, CodeHello | ReplyBit, CodeOpen, CodeShutdown, CodeSetLogLevel, CodeSetLogLevel | ReplyBit,
-		CodeZeroStats, CodeZeroStats | ReplyBit:
+		CodeZeroStats, CodeZeroStats | ReplyBit, CodeQuery, CodeQuery | ReplyBit:
 		if h.Socket != 0 {
 			return fmt.Errorf("socket id %d must be 0 for %v", h.Socket, h.Code)
 		}
@@ -559,6 +587,23 @@ func appendBody(b []byte, h Header, body Message) ([]byte, error) {
 			return b, wrongBody(h, body)
 		}
 		return b, nil
+	case CodeQuery:
+		m, ok := as[Query](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		if err := CheckTopic(m.Topic); err != nil {
+			return b, err
+		}
+		var topic [TopicMax]byte
+		copy(topic[:], m.Topic)
+		return append(b, topic[:]...), nil
+	case CodeQuery | ReplyBit:
+		m, ok := as[QueryReply](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		return le.AppendUint64(b, m.Size), nil
 	case CodeClose, CodeConnect | ReplyBit, CodeSetSockOpt | ReplyBit, CodeJoin | ReplyBit,
 		CodeLeave | ReplyBit, CodeClose | ReplyBit:
 		if !isEmpty(body) {

@@ -80,6 +80,10 @@ func bodyLen(h Header) int {
 		return lenLogLevel
 	case CodeZeroStats:
 		return lenZeroStats
+	case CodeQuery:
+		return lenQuery
+	case CodeQuery | ReplyBit:
+		return lenQueryReply
 	}
 	return 0
 }
@@ -178,6 +182,20 @@ func decodeBody(h Header, b []byte) (Message, error) {
 		}
 		m := &ZeroStats{PID: le.Uint32(b[0:]), Daemon: flags&ZeroStatsDaemon != 0}
 		return m, checkZeroStats(*m)
+	case CodeQuery:
+		n := bytes.IndexByte(b, 0)
+		if n < 0 {
+			n = TopicMax
+		}
+		for _, c := range b[n:] {
+			if c != 0 {
+				return nil, fmt.Errorf("topic is not NUL padded")
+			}
+		}
+		m := &Query{Topic: string(b[:n])}
+		return m, CheckTopic(m.Topic)
+	case CodeQuery | ReplyBit:
+		return &QueryReply{Size: le.Uint64(b[0:])}, nil
 	case CodeClose, CodeZeroStats | ReplyBit, CodeConnect | ReplyBit, CodeSetSockOpt | ReplyBit, CodeJoin | ReplyBit,
 		CodeLeave | ReplyBit, CodeClose | ReplyBit:
 		return &Empty{}, nil

@@ -1,0 +1,30 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/bypassd/bypassd/internal/ctlproto"
+)
+
+func init() {
+	register(command{
+		name: "flows", help: "the steering entries: which destinations go to which ring queue",
+		topic: ctlproto.TopicFlows, newDoc: func() any { return new(ctlproto.FlowsDoc) },
+		print: printFlows,
+	})
+}
+
+func printFlows(w io.Writer, doc any) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "INTERFACE\tPROTO\tDESTINATION\tSOURCE\tQUEUE")
+	for _, f := range doc.(*ctlproto.FlowsDoc).Flows {
+		src := f.Src
+		if src == "" {
+			src = "any"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", f.Interface, f.Proto, f.Dst, src, f.Queue)
+	}
+	return tw.Flush()
+}

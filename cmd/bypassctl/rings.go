@@ -1,0 +1,42 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/bypassd/bypassd/internal/ctlproto"
+)
+
+func init() {
+	register(command{
+		name: "rings", help: "the rings: interface queue, provider, XDP mode, sockets, state",
+		topic: ctlproto.TopicRings, newDoc: func() any { return new(ctlproto.RingsDoc) },
+		print: printRings,
+	})
+}
+
+func printRings(w io.Writer, doc any) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RING\tINTERFACE\tQUEUE\tPROVIDER\tMODE\tXDP\tFRAMES rx/tx×size\tSOCKETS\tRX PKTS\tTX PKTS\tSTATE")
+	var notes []string
+	for _, r := range doc.(*ctlproto.RingsDoc).Rings {
+		xdp := r.XDPMode
+		if xdp == "" {
+			xdp = "-"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%d/%d×%d\t%d\t%d\t%d\t%s\n",
+			r.Index, r.Interface, r.Queue, r.Provider, r.Mode, xdp, r.RXFrames, r.TXFrames, r.FrameSize,
+			r.Sockets, r.RXPackets, r.TXPackets, r.State)
+		if r.XDPFallback != "" {
+			notes = append(notes, fmt.Sprintf("ring %d: %s XDP because native attach failed: %s", r.Index, r.XDPMode, r.XDPFallback))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, n := range notes {
+		fmt.Fprintln(w, n)
+	}
+	return nil
+}

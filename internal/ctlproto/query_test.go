@@ -1,0 +1,97 @@
+package ctlproto
+
+import (
+	"errors"
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestDocumentRoundTrip(t *testing.T) {
+	in := RingsDoc{Rings: []RingDoc{{Index: 0, Interface: "veth0", Provider: "afxdp", Mode: "native/copy", State: "running", RXPackets: 7}}}
+	fd, size, err := WriteDocument(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	var out RingsDoc
+	if err := ReadDocument(fd, size, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(in, out) {
+		t.Fatalf("got %+v, want %+v", out, in)
+	}
+	// The receiver cannot change what the daemon wrote.
+	if _, err := unix.Pwrite(fd, []byte("x"), 0); !errors.Is(err, unix.EPERM) {
+		t.Errorf("write to the document: %v, want EPERM (sealed)", err)
+	}
+	if err := unix.Ftruncate(fd, 1); !errors.Is(err, unix.EPERM) {
+		t.Errorf("truncate the document: %v, want EPERM (sealed)", err)
+	}
+}
+
+func TestReadDocumentRefuses(t *testing.T) {
+	fd, size, err := WriteDocument(TopicsDoc{Topics: []string{"rings"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	var doc TopicsDoc
+	if err := ReadDocument(fd, size+10, &doc); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("size beyond the file: %v, want ErrUnexpectedEOF", err)
+	}
+	if err := ReadDocument(fd, MaxDocument+1, &doc); err == nil || !strings.Contains(err.Error(), "exceeds") {
+		t.Errorf("oversize document: %v", err)
+	}
+	if err := ReadDocument(fd, size-1, &doc); err == nil {
+		t.Error("truncated JSON accepted")
+	}
+	if err := ReadDocument(-1, 1, &doc); !errors.Is(err, unix.EBADF) {
+		t.Errorf("bad fd: %v, want EBADF", err)
+	}
+	if _, _, err := WriteDocument(make(chan int)); err == nil {
+		t.Error("unencodable document accepted")
+	}
+}
+
+func TestExpectFDs(t *testing.T) {
+	cases := []struct {
+		h    Header
+		want int
+	}{
+		{Header{Code: CodeOpen | ReplyBit, Socket: 1}, FDsOpen},
+		{Header{Code: CodeOpen | ReplyBit, Status: unix.EMFILE}, 0},
+		{Header{Code: CodeQuery | ReplyBit}, 1},
+		{Header{Code: CodeQuery | ReplyBit, Status: unix.ENOENT}, 0},
+		{Header{Code: CodeQuery}, 0},
+		{Header{Code: CodeBind | ReplyBit}, 0},
+	}
+	for _, c := range cases {
+		if got := ExpectFDs(c.h); got != c.want {
+			t.Errorf("ExpectFDs(%v status %d) = %d, want %d", c.h.Code, c.h.Status, got, c.want)
+		}
+	}
+}
+
+func TestLogLevelNames(t *testing.T) {
+	for _, name := range []string{"debug", "info", "warn", "error"} {
+		l, err := ParseLogLevel(strings.ToUpper(name))
+		if err != nil || LogLevelName(l) != name {
+			t.Errorf("%s: %d %v -> %q", name, l, err, LogLevelName(l))
+		}
+	}
+	if l, err := ParseLogLevel("-1"); err != nil || l != LogLevelDebug {
+		t.Errorf("-1: %d %v", l, err)
+	}
+	for _, bad := range []string{"", "trace", "3", "-2"} {
+		if _, err := ParseLogLevel(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if LogLevelName(7) != "7" {
+		t.Errorf("unnamed level: %q", LogLevelName(7))
+	}
+}
