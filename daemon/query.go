@@ -135,21 +135,16 @@ func (s *session) describe(d *Daemon) ctlproto.SessionDoc {
 
 func (d *Daemon) queryFlows(*session) (any, error) {
 	doc := ctlproto.FlowsDoc{Flows: []ctlproto.FlowDoc{}}
-	seen := map[int]bool{}
 	var errs []error
 	for _, ri := range d.rings {
-		p := ri.r.Program()
-		if p == nil || seen[p.Ifindex()] {
-			continue // one program per interface, shared by its rings
-		}
-		seen[p.Ifindex()] = true
-		flows, err := p.Flows()
+		flows, err := ri.r.Flows()
 		if err != nil {
-			errs = append(errs, fmt.Errorf("interface %s: %w", ri.it.Name, err))
+			errs = append(errs, fmt.Errorf("%s: %w", ri.it, err))
 			continue
 		}
-		for f, q := range flows {
-			fd := ctlproto.FlowDoc{Interface: ri.it.Name, Proto: "udp", Dst: f.Dst.String(), Queue: q}
+		name, queue := ri.r.Interface()
+		for _, f := range flows {
+			fd := ctlproto.FlowDoc{Interface: name, Proto: "udp", Dst: f.Dst.String(), Queue: uint32(queue)}
 			if f.Proto != unix.IPPROTO_UDP {
 				fd.Proto = fmt.Sprint(f.Proto)
 			}
