@@ -50,6 +50,12 @@ func (m AttachMode) flags() link.XDPAttachFlags {
 type Options struct {
 	Mode     AttachMode // ModeAuto (0): native first, generic if the driver refuses
 	MaxFlows uint32     // capacity of the flows map; 0 = DefaultMaxFlows
+	// RXTimestamps asks for the device-bound variant that writes each
+	// redirected frame's hardware receive timestamp into its metadata
+	// area (see RXMeta). It runs in native mode only; when the driver or
+	// kernel refuses it, the plain program is used and
+	// Program.RXTimestampsRefused says why.
+	RXTimestamps bool
 }
 
 // Counters are the program's statistics summed over all CPUs.
@@ -69,12 +75,32 @@ type Program struct {
 	// fiveMu serializes changes of 5-tuple flows with the count of them
 	// the program reads.
 	fiveMu  sync.Mutex
-	objs    steerObjects
+	objs    steerMaps
+	prog    *ebpf.Program
 	link    link.Link
 	ifindex int
 	mode    AttachMode
 	// fallback is why native mode was refused when ModeAuto chose generic.
 	fallback error
+	// rxts: the device-bound timestamping variant is attached; tsRefused
+	// is why it is not when Options.RXTimestamps asked for it.
+	rxts      bool
+	tsRefused error
+}
+
+// bpfFXDPDevBoundOnly is BPF_F_XDP_DEV_BOUND_ONLY (linux/bpf.h): load an XDP
+// program for one device without offloading it to the NIC.
+const bpfFXDPDevBoundOnly = 1 << 6
+
+// Program variants: the maps plus one entry point each.
+type plainObjects struct {
+	steerMaps
+	Prog *ebpf.Program `ebpf:"steer"`
+}
+
+type tsObjects struct {
+	steerMaps
+	Prog *ebpf.Program `ebpf:"steer_ts"`
 }
 
 // errClosed is returned by every method called after Close.
@@ -105,9 +131,25 @@ func Attach(ifindex int, opts Options) (*Program, error) {
 	spec.Maps[steerMapFlows].MaxEntries = maxFlows
 
 	p := &Program{ifindex: ifindex}
-	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
+	if opts.RXTimestamps {
+		if opts.Mode == ModeGeneric {
+			p.tsRefused = errors.New("hardware receive timestamps need native XDP (device-bound programs do not run in generic mode)")
+		} else if err := p.attachTimestamping(spec); err == nil {
+			return p, nil
+		} else {
+			p.tsRefused = err
+			if opts.Mode == ModeNative && !errors.Is(err, errTSLoad) {
+				// Native attach itself failed: the plain program would
+				// fail the same way.
+				return nil, err
+			}
+		}
+	}
+	var objs plainObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		return nil, loadError(err)
 	}
+	p.objs, p.prog = objs.steerMaps, objs.Prog
 
 	modes := []AttachMode{opts.Mode}
 	if opts.Mode == ModeAuto {
@@ -116,7 +158,7 @@ func Attach(ifindex int, opts Options) (*Program, error) {
 	var errs []error
 	for _, mode := range modes {
 		l, err := link.AttachXDP(link.XDPOptions{
-			Program:   p.objs.Steer,
+			Program:   p.prog,
 			Interface: ifindex,
 			Flags:     mode.flags(),
 		})
@@ -137,6 +179,30 @@ func Attach(ifindex int, opts Options) (*Program, error) {
 	}
 	p.closeObjects()
 	return nil, errors.Join(errs...)
+}
+
+// errTSLoad marks a refusal to load (not attach) the timestamping variant:
+// an older kernel or a driver without XDP metadata support.
+var errTSLoad = errors.New("load the device-bound timestamping program")
+
+// attachTimestamping loads steer_ts bound to p.ifindex and attaches it in
+// native mode.
+func (p *Program) attachTimestamping(spec *ebpf.CollectionSpec) error {
+	ps := spec.Programs[steerProgSteerTs]
+	ps.Ifindex = uint32(p.ifindex)
+	ps.Flags |= bpfFXDPDevBoundOnly
+	var objs tsObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		return fmt.Errorf("bpf: %w (needs Linux 6.3+ and a driver with XDP RX metadata): %w", errTSLoad, loadError(err))
+	}
+	l, err := link.AttachXDP(link.XDPOptions{Program: objs.Prog, Interface: p.ifindex, Flags: ModeNative.flags()})
+	if err != nil {
+		objs.Prog.Close()
+		objs.steerMaps.Close()
+		return attachError(p.ifindex, ModeNative, err)
+	}
+	p.objs, p.prog, p.link, p.mode, p.rxts = objs.steerMaps, objs.Prog, l, ModeNative, true
+	return nil
 }
 
 func loadError(err error) error {
@@ -203,6 +269,15 @@ func (p *Program) Mode() AttachMode { return p.mode }
 // translated native-mode error, worth logging for operators); nil when the
 // requested or first-choice mode was used.
 func (p *Program) FallbackReason() error { return p.fallback }
+
+// RXTimestamps reports whether the attached program is the device-bound
+// variant that puts hardware receive timestamps in front of redirected
+// frames (RXMeta).
+func (p *Program) RXTimestamps() bool { return p.rxts }
+
+// RXTimestampsRefused says why Options.RXTimestamps could not be honoured
+// (nil when it was, or was not asked for).
+func (p *Program) RXTimestampsRefused() error { return p.tsRefused }
 
 // Ifindex is the interface the program was attached to.
 func (p *Program) Ifindex() int { return p.ifindex }
@@ -440,15 +515,7 @@ func (p *Program) Close() error {
 }
 
 func (p *Program) closeObjects() error {
-	var errs []error
-	for _, c := range []interface{ Close() error }{
-		p.objs.Steer, p.objs.Flows, p.objs.Xsks, p.objs.Frags, p.objs.Counters,
-	} {
-		if err := c.Close(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(p.prog.Close(), p.objs.Close()); err != nil {
 		return fmt.Errorf("bpf: free program and maps: %w", err)
 	}
 	return nil

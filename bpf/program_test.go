@@ -56,7 +56,7 @@ func holdAttached(v string) int {
 
 func progID(t *testing.T, p *Program) uint32 {
 	t.Helper()
-	info, err := p.objs.Steer.Info()
+	info, err := p.prog.Info()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,6 +49,7 @@ const (
 	steerMapFrags      = "frags"
 	steerMapXsks       = "xsks"
 	steerProgSteer     = "steer"
+	steerProgSteerTs   = "steer_ts"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -93,7 +94,8 @@ type steerSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerProgramSpecs struct {
-	Steer *ebpf.ProgramSpec `ebpf:"steer"`
+	Steer   *ebpf.ProgramSpec `ebpf:"steer"`
+	SteerTs *ebpf.ProgramSpec `ebpf:"steer_ts"`
 }
 
 // steerMapSpecs contains maps before they are loaded into the kernel.
@@ -160,12 +162,14 @@ type steerVariables struct {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerPrograms struct {
-	Steer *ebpf.Program `ebpf:"steer"`
+	Steer   *ebpf.Program `ebpf:"steer"`
+	SteerTs *ebpf.Program `ebpf:"steer_ts"`
 }
 
 func (p *steerPrograms) Close() error {
 	return _SteerClose(
 		p.Steer,
+		p.SteerTs,
 	)
 }
 

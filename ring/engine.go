@@ -275,7 +275,7 @@ func (e *engine) receive() int {
 				r.stats.RXChecksum.Add(1)
 				continue
 			}
-			if e.deliver(t, f.Src, f.Dst, f.Payload, ts) {
+			if e.deliver(t, f.Src, f.Dst, f.Payload, e.stamps(ts, e.rx[i].HWTimestamp)) {
 				pkts++
 				bytes += uint64(len(f.Payload))
 			}
@@ -296,7 +296,9 @@ func (e *engine) receive() int {
 				continue
 			}
 			src, dst := netip.AddrPortFrom(k.Src, sport), netip.AddrPortFrom(k.Dst, dport)
-			if e.deliver(t, src, dst, payload, ts) {
+			// The frame that completed the datagram gives its hardware
+			// stamp.
+			if e.deliver(t, src, dst, payload, e.stamps(ts, e.rx[i].HWTimestamp)) {
 				pkts++
 				bytes += uint64(len(payload))
 			}
@@ -317,13 +319,13 @@ func (e *engine) receive() int {
 
 // deliver copies one datagram into the RX queue of every endpoint bound to
 // dst (several for multicast).
-func (e *engine) deliver(t *table, src, dst netip.AddrPort, payload []byte, ts int64) bool {
+func (e *engine) deliver(t *table, src, dst netip.AddrPort, payload []byte, st rxStamps) bool {
 	eps := t.lookup(dst)
 	if len(eps) == 0 {
 		e.r.stats.RXNoEndpoint.Add(1)
 		return false
 	}
-	h := dgram.Header{Addr: src, Flags: dgram.FlagSWTimestamp, TSSW: ts}
+	h := dgram.Header{Addr: src, Flags: st.flags, TSSW: st.sw, TSHWRaw: st.hwRaw, TSHWSys: st.hwSys}
 	if dst.Addr().IsMulticast() {
 		// Every member whose filter accepts the source gets a copy.
 		ok := false
@@ -510,7 +512,7 @@ func (e *engine) drain(t *table, ep *Endpoint) (int, error) {
 			}
 			if dst.Addr().IsMulticast() && ep.opts.Load().MulticastLoop {
 				// Local members get a copy, as with IP_MULTICAST_LOOP.
-				e.deliver(t, tmpl.Src(), dst, payload, time.Now().UnixNano())
+				e.deliver(t, tmpl.Src(), dst, payload, rxStamps{flags: dgram.FlagSWTimestamp, sw: time.Now().UnixNano()})
 			}
 			ep.stats.TXPackets.Add(1)
 			ep.stats.TXBytes.Add(uint64(len(payload)))

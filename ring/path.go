@@ -46,6 +46,9 @@ type PathConfig struct {
 	// DeviceMemory is how many bytes of staging memory to reserve
 	// (Config.DevMemTX); a provider without device memory ignores it.
 	DeviceMemory int
+	// HWTimestamps asks for hardware receive timestamps on RX frames
+	// where the provider can deliver them (Caps.HWTimestamps reports it).
+	HWTimestamps bool
 	Log          *zap.Logger
 }
 

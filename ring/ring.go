@@ -38,6 +38,7 @@ import (
 	"github.com/bypassd/bypassd/ring/qp"
 	"github.com/bypassd/bypassd/ring/reassembly"
 	"github.com/bypassd/bypassd/ring/route"
+	"github.com/bypassd/bypassd/ring/tsconv"
 )
 
 // Config describes one ring.
@@ -96,6 +97,12 @@ type Config struct {
 	ResolveTimeout time.Duration
 	// Reassembly bounds IP fragment reassembly.
 	Reassembly reassembly.Config
+	// HWTimestamps is the requested hardware timestamp conversion mode
+	// (BYPASSD_HW_TS_CONVERSION); Open lowers it to what the interface
+	// supports and logs why. Other than 0 (disable, the default here; the
+	// daemon defaults to 3) it also asks for the timestamping XDP
+	// program where the attach is native.
+	HWTimestamps tsconv.Mode
 
 	Log *zap.Logger
 }
@@ -128,6 +135,7 @@ type Ring struct {
 	ns      netns.NsHandle
 	prov    qp.Provider
 	steer   qp.Steering
+	hw      *hwClock // nil: no hardware timestamps
 	res     *route.Resolver
 	nl      *netlink.Handle
 
@@ -217,7 +225,8 @@ func Open(cfg Config) (_ *Ring, err error) {
 	}
 	p, err := openPath(cfg.Provider, PathConfig{Interface: cfg.Interface, Ifindex: r.ifindex, Queue: cfg.Queue,
 		MAC: r.mac, MTU: r.mtu, NS: r.ns, Frames: cfg.Frames, FrameSize: cfg.FrameSize, Copy: cfg.Copy,
-		XDPMode: cfg.XDPMode, DeviceMemory: cfg.DevMemTX, Log: r.log})
+		XDPMode: cfg.XDPMode, DeviceMemory: cfg.DevMemTX, HWTimestamps: cfg.HWTimestamps != tsconv.ModeDisable,
+		Log: r.log})
 	if err != nil {
 		return nil, fmt.Errorf("ring %s/%d: %s: %w", cfg.Interface, cfg.Queue, cfg.Provider, err)
 	}
@@ -226,6 +235,12 @@ func Open(cfg Config) (_ *Ring, err error) {
 	caps := r.prov.Caps()
 	if max := caps.FrameSize - 256 - 18; r.mtu > max {
 		return nil, fmt.Errorf("ring %s/%d: MTU %d is larger than a %d-byte frame can receive (max %d): lower the MTU or raise the frame size", cfg.Interface, cfg.Queue, r.mtu, caps.FrameSize, max)
+	}
+	if r.hw, err = r.openHWClock(); err != nil {
+		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
+	}
+	if r.hw != nil {
+		cleanups = append(cleanups, func() { _ = r.hw.close() })
 	}
 	if r.res, err = route.NewResolver(r.ns, r.ifindex, r.log); err != nil {
 		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
@@ -245,8 +260,17 @@ func Open(cfg Config) (_ *Ring, err error) {
 	if prog := r.Program(); prog != nil && prog.FallbackReason() != nil {
 		fields = append(fields, zap.NamedError("native_xdp_refused", prog.FallbackReason()))
 	}
+	if cfg.HWTimestamps != tsconv.ModeDisable {
+		fields = append(fields, zap.Int("hw_ts_mode", int(r.HWTimestampMode())), zap.Bool("hw_ts_frames", caps.HWTimestamps))
+		if prog := r.Program(); prog != nil && prog.RXTimestampsRefused() != nil {
+			fields = append(fields, zap.NamedError("hw_ts_xdp_refused", prog.RXTimestampsRefused()))
+		}
+	}
 	r.log.Info("ring open", fields...)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	if r.hw != nil {
+		go r.hw.run(r.ctx)
+	}
 	go r.run()
 	return r, nil
 }
@@ -311,6 +335,10 @@ func (r *Ring) Close() error {
 	r.doorbell.Wake()
 	<-r.done
 	var errs []error
+	if r.hw != nil {
+		<-r.hw.done
+		errs = append(errs, r.hw.close())
+	}
 	errs = append(errs, path{prov: r.prov, steer: r.steer}.close())
 	errs = append(errs, r.res.Close())
 	errs = append(errs, r.doorbell.Close())

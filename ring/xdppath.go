@@ -19,7 +19,7 @@ func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	prog, err := acquireProgram(key, bpf.Options{Mode: pc.XDPMode})
+	prog, err := acquireProgram(key, bpf.Options{Mode: pc.XDPMode, RXTimestamps: pc.HWTimestamps})
 	if err != nil {
 		return nil, nil, fmt.Errorf("attach XDP program: %w", err)
 	}
@@ -30,7 +30,7 @@ func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	}()
 	sock, err := afxdp.Open(afxdp.Config{Ifindex: pc.Ifindex, IfName: pc.Interface, Queue: pc.Queue,
 		Frames: pc.Frames, FrameSize: pc.FrameSize, Copy: pc.Copy, XDPMode: prog.Mode().String(),
-		DeviceMemory: pc.DeviceMemory})
+		DeviceMemory: pc.DeviceMemory, RXMetadata: prog.RXTimestamps()})
 	if err != nil {
 		return nil, nil, err
 	}

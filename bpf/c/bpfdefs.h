@@ -16,6 +16,7 @@
 typedef unsigned char __u8;
 typedef unsigned short __u16;
 typedef unsigned int __u32;
+typedef int __s32;
 typedef unsigned long long __u64;
 typedef __u16 __be16;
 typedef __u32 __be32;
@@ -70,6 +71,16 @@ static long (*bpf_map_update_elem)(void *map, const void *key,
 				   const void *value, __u64 flags) = (void *)2;
 static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)3;
 static long (*bpf_redirect_map)(void *map, __u64 key, __u64 flags) = (void *)51;
+static long (*bpf_xdp_adjust_meta)(struct xdp_md *xdp_md, int delta) = (void *)54;
+
+/* ---- Kernel functions (kfuncs), resolved by the loader through BTF ----- */
+
+#define __ksym __attribute__((section(".ksyms")))
+
+/* XDP RX metadata (Linux 6.3+): only in device-bound programs. Returns 0
+ * and the NIC's receive time in ns, or -EOPNOTSUPP / -ENODATA. */
+extern int bpf_xdp_metadata_rx_timestamp(const struct xdp_md *ctx,
+					 __u64 *timestamp) __ksym;
 
 /* ---- Byte order (BPF targets built here are little-endian only) -------- */
 

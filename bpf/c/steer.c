@@ -9,9 +9,17 @@
  * goes to the kernel unchanged, so attaching it cannot break the host's
  * normal networking.
  *
+ * Two entry points share the code: steer, and steer_ts, the device-bound
+ * variant the loader uses when hardware receive timestamps are wanted and
+ * the attach is native (device-bound programs cannot run in generic mode).
+ * steer_ts asks the driver for the frame's receive timestamp
+ * (bpf_xdp_metadata_rx_timestamp) and writes a struct rx_meta in front of
+ * every frame it redirects, where the AF_XDP reader finds it.
+ *
  * Layouts of flow_key, flow_val, frag_key and the counter indexes are
- * mirrored in Go (bpf/flow.go); the Go tests check them against this
- * object's BTF.
+ * mirrored in Go (bpf/flow.go) and checked against this object's BTF;
+ * rx_meta is mirrored in bpf/rxmeta.go and checked against what the loaded
+ * program writes.
  */
 #include "bpfdefs.h"
 
@@ -55,6 +63,19 @@ struct frag_key {
 	__u32 id;
 	__u8 saddr[16];
 	__u8 daddr[16];
+};
+
+/* Written by steer_ts immediately before the frame (the XDP metadata area,
+ * data_meta .. data). magic tells the reader the area was written, so a
+ * frame without it (plain program, metadata not copied) reads as absent;
+ * status is the kfunc's return value (0: rx_ts valid, else -errno such as
+ * -ENODATA or -EOPNOTSUPP); rx_ts is the NIC's receive time in ns on the
+ * PHC's time scale, 0 when the device has no clock (veth). */
+#define RX_META_MAGIC 0x62647473 /* arbitrary: bytes "stdb" in memory */
+struct rx_meta {
+	__u64 rx_ts;
+	__s32 status;
+	__u32 magic;
 };
 
 enum counter_idx {
@@ -292,10 +313,31 @@ static __always_inline int parse(struct xdp_md *ctx, struct packet *p)
 	return PARSE_NOT_OURS;
 }
 
+/* Puts the frame's hardware receive timestamp into the metadata area. A
+ * driver that cannot grow the area leaves the frame without one, which the
+ * reader sees as "absent". */
+static __always_inline void stamp(struct xdp_md *ctx)
+{
+	struct rx_meta *meta;
+	__u64 ts = 0;
+	int status;
+
+	status = bpf_xdp_metadata_rx_timestamp(ctx, &ts);
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)))
+		return;
+	meta = (void *)(long)ctx->data_meta;
+	if ((void *)(meta + 1) > (void *)(long)ctx->data)
+		return;
+	meta->rx_ts = ts;
+	meta->status = status;
+	meta->magic = RX_META_MAGIC;
+}
+
 /* Redirects into xsks[slot] if a socket is there. The explicit lookup makes
  * NO_SOCKET exact; bpf_redirect_map's XDP_PASS fallback still covers a
  * socket removed between the lookup and the redirect. */
-static __always_inline int redirect(__u32 slot, int fragment)
+static __always_inline int redirect(struct xdp_md *ctx, __u32 slot,
+				    int fragment, int with_ts)
 {
 	long act;
 
@@ -303,6 +345,8 @@ static __always_inline int redirect(__u32 slot, int fragment)
 		count(CNT_NO_SOCKET);
 		return XDP_PASS;
 	}
+	if (with_ts)
+		stamp(ctx);
 	act = bpf_redirect_map(&xsks, slot, XDP_PASS);
 	if (act != XDP_REDIRECT) {
 		count(CNT_NO_SOCKET);
@@ -314,8 +358,7 @@ static __always_inline int redirect(__u32 slot, int fragment)
 	return XDP_REDIRECT;
 }
 
-SEC("xdp")
-int steer(struct xdp_md *ctx)
+static __always_inline int steer_frame(struct xdp_md *ctx, int with_ts)
 {
 	struct packet p;
 	struct flow_val *val;
@@ -339,7 +382,7 @@ int steer(struct xdp_md *ctx)
 		slot = *fslot;
 		if (p.last_frag)
 			bpf_map_delete_elem(&frags, &p.frag);
-		return redirect(slot, 1);
+		return redirect(ctx, slot, 1, with_ts);
 	case PARSE_MALFORMED:
 		count(CNT_MALFORMED);
 		return XDP_PASS;
@@ -370,5 +413,19 @@ int steer(struct xdp_md *ctx)
 	slot = val->slot;
 	if (p.frag_kind == FRAG_FIRST)
 		bpf_map_update_elem(&frags, &p.frag, &slot, BPF_ANY);
-	return redirect(slot, p.frag_kind != FRAG_NONE);
+	return redirect(ctx, slot, p.frag_kind != FRAG_NONE, with_ts);
+}
+
+SEC("xdp")
+int steer(struct xdp_md *ctx)
+{
+	return steer_frame(ctx, 0);
+}
+
+/* Loaded device-bound (BPF_F_XDP_DEV_BOUND_ONLY with the interface's
+ * ifindex), which the metadata kfunc requires. */
+SEC("xdp")
+int steer_ts(struct xdp_md *ctx)
+{
+	return steer_frame(ctx, 1);
 }

@@ -30,6 +30,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/ring/qp"
 )
 
@@ -71,6 +72,11 @@ type Config struct {
 	// BusyTimeout bounds how long Open retries while the kernel still holds
 	// the queue for a socket closed a moment ago (default 2s).
 	BusyTimeout time.Duration
+	// RXMetadata: the XDP program writes bpf.RXMeta in front of the frames
+	// it redirects (its timestamping variant), so RX frames carry the
+	// hardware receive timestamp it holds. Copy mode copies the metadata
+	// area into the UMEM too (checked on Linux 6.18).
+	RXMetadata bool
 }
 
 func (c *Config) setDefaults() error {
@@ -129,6 +135,9 @@ type Socket struct {
 
 	// Counters read by other goroutines: atomics, updated once per burst.
 	rxPackets, txPackets, fillEmpty, txNoBuffer, kicks atomic.Uint64
+	// rxMeta counts frames that carried the program's metadata, rxStamped
+	// those with a hardware timestamp in it.
+	rxMeta, rxStamped atomic.Uint64
 
 	pollFds [2]unix.PollFd
 }
@@ -298,6 +307,8 @@ func (s *Socket) Caps() qp.Caps {
 		RXFrames:     s.rxFrames,
 		TXFrames:     s.cfg.Frames - s.rxFrames,
 		DeviceMemory: s.cfg.DeviceMemory,
+		// Frames may carry stamps only when the program writes them.
+		HWTimestamps: s.cfg.RXMetadata,
 	}
 }
 
@@ -322,10 +333,48 @@ func (s *Socket) RXBurst(frames []qp.Frame) int {
 		}
 		frames[i] = qp.Frame{Buf: s.umem[addr : addr+l : addr+l], Handle: addr}
 	}
+	if s.cfg.RXMetadata {
+		s.readMeta(frames[:n])
+	}
 	s.rx.cachedCons = cons + n
 	s.rx.publishConsumer(s.rx.cachedCons)
 	s.rxPackets.Add(uint64(n))
 	return int(n)
+}
+
+// readMeta takes the hardware timestamps out of the metadata in front of
+// the frames and clears its magic, so that the buffer's next frame, if the
+// program writes nothing for it, does not inherit a stale value.
+func (s *Socket) readMeta(frames []qp.Frame) {
+	var meta, stamped uint64
+	fs := uint64(s.cfg.FrameSize)
+	for i := range frames {
+		addr := frames[i].Handle
+		if addr%fs < bpf.RXMetaSize {
+			continue // no room in front of the frame within its chunk
+		}
+		m := s.umem[addr-bpf.RXMetaSize : addr]
+		ts, status, ok := bpf.ParseRXMeta(m)
+		if !ok {
+			continue
+		}
+		meta++
+		clear(m)
+		if status == 0 && ts != 0 {
+			frames[i].HWTimestamp = ts
+			stamped++
+		}
+	}
+	if meta > 0 {
+		s.rxMeta.Add(meta)
+		s.rxStamped.Add(stamped)
+	}
+}
+
+// RXMetadataStats reports how many received frames carried the XDP
+// program's metadata and how many of those a hardware timestamp.
+func (s *Socket) RXMetadataStats() (frames, stamped uint64) {
+	return s.rxMeta.Load(), s.rxStamped.Load()
 }
 
 // ReleaseRX implements qp.Provider.

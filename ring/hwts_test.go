@@ -1,0 +1,88 @@
+package ring_test
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/bypassd/bypassd/internal/dgram"
+	"github.com/bypassd/bypassd/ring"
+	"github.com/bypassd/bypassd/ring/tsconv"
+)
+
+// Every datagram received through AF_XDP carries a software timestamp
+// between the sender's send time and the application's receive time; on
+// veth (no PHC, no hardware stamps) the hardware slots are absent, not
+// zero, although the timestamping XDP program runs and its metadata reaches
+// the provider.
+func TestRXTimestampsOnVeth(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	l := newLab(t, ring.Config{HWTimestamps: tsconv.ModeSync, Log: zap.New(core)})
+	if m := l.r.HWTimestampMode(); m != tsconv.ModeDisable {
+		t.Fatalf("effective mode %v on veth, want disable", m)
+	}
+	if !l.r.Program().RXTimestamps() {
+		t.Fatalf("timestamping XDP program not attached: %v", l.r.Program().RXTimestampsRefused())
+	}
+	if _, ok := l.r.HWTimestampErrorNs(); ok {
+		t.Fatal("an error estimate without a converter")
+	}
+	lowered := logs.FilterMessage("hardware timestamp conversion mode lowered").All()
+	if len(lowered) != 1 || !strings.Contains(fmt.Sprint(lowered[0].ContextMap()["reason"]), "no PHC on "+l.p.A.Name) {
+		t.Fatalf("log lines about the mode: %+v", lowered)
+	}
+
+	ep := l.bind(t, netip.AddrPortFrom(l.p.A.Addr4(), 0))
+	peer := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	const n = 50
+	sent := make([]int64, n)
+	for i := range n {
+		sent[i] = time.Now().UnixNano()
+		if _, err := peer.WriteToUDPAddrPort([]byte(fmt.Sprintf("ts %d", i)), ep.LocalAddr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msgs := make([]ring.Message, n)
+	for i := range msgs {
+		msgs[i].Buf = make([]byte, 64)
+	}
+	for got := 0; got < n; {
+		k, err := ep.RecvBatch(msgs[got:], time.Now().Add(5*time.Second))
+		if err != nil {
+			t.Fatalf("after %d datagrams: %v", got, err)
+		}
+		recvd := time.Now().UnixNano()
+		for _, m := range msgs[got : got+k] {
+			var i int
+			if _, err := fmt.Sscanf(string(m.Buf[:m.N]), "ts %d", &i); err != nil || i < 0 || i >= n {
+				t.Fatalf("payload %q", m.Buf[:m.N])
+			}
+			h := m.Header
+			if h.Flags != dgram.FlagSWTimestamp || h.TSHWRaw != 0 || h.TSHWSys != 0 {
+				t.Fatalf("datagram %d: flags %#x raw %d sys %d: want only the software slot", i, h.Flags, h.TSHWRaw, h.TSHWSys)
+			}
+			if h.TSSW < sent[i] || h.TSSW > recvd {
+				t.Fatalf("datagram %d: software stamp %d outside [send %d, receive %d]", i, h.TSSW, sent[i], recvd)
+			}
+		}
+		got += k
+	}
+	if frames, stamped := ring.RXMetadataStats(l.r); frames < n || stamped != 0 {
+		t.Fatalf("provider saw metadata on %d frames (%d stamped), want >= %d and 0", frames, stamped, n)
+	}
+}
+
+// A ring without hardware timestamps (the in-process default) attaches the
+// plain program and reads no metadata.
+func TestRXTimestampsOff(t *testing.T) {
+	l := newLab(t, ring.Config{})
+	if l.r.Program().RXTimestamps() || l.r.HWTimestampMode() != tsconv.ModeDisable || l.r.Caps().HWTimestamps {
+		t.Fatalf("timestamping on without being asked: program %v mode %v caps %+v",
+			l.r.Program().RXTimestamps(), l.r.HWTimestampMode(), l.r.Caps())
+	}
+}
