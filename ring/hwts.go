@@ -47,15 +47,16 @@ type hwClock struct {
 	done  chan struct{}
 }
 
-// openHWClock resolves cfg.HWTimestamps on the ring's interface and starts
-// the converter. It returns nil when the effective mode is disable.
-func (r *Ring) openHWClock() (*hwClock, error) {
+// openHWClock resolves cfg.HWTimestamps on the ring's interface and
+// prepares the converter. It returns nil when the effective mode is
+// disable, and why the mode is lower than asked ("" when it is not).
+func (r *Ring) openHWClock() (*hwClock, string, error) {
 	if r.cfg.HWTimestamps == tsconv.ModeDisable {
-		return nil, nil
+		return nil, "", nil
 	}
 	sup, err := ProbeHWTimestamps(r.cfg.Interface, r.cfg.HWTimestamps)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if sup.Mode != tsconv.ModeDisable && !r.prov.Caps().HWTimestamps {
 		// The device stamps frames, but this path cannot carry the stamps
@@ -66,18 +67,14 @@ func (r *Ring) openHWClock() (*hwClock, error) {
 			sup.Reason += ": " + prog.RXTimestampsRefused().Error()
 		}
 	}
-	if sup.Mode != r.cfg.HWTimestamps {
-		r.log.Info("hardware timestamp conversion mode lowered", zap.Int("requested", int(r.cfg.HWTimestamps)),
-			zap.Int("mode", int(sup.Mode)), zap.String("reason", sup.Reason))
-	}
 	if sup.Mode == tsconv.ModeDisable {
-		return nil, nil
+		return nil, sup.Reason, nil
 	}
 	h := &hwClock{done: make(chan struct{})}
 	var clock tsconv.Clock
 	if sup.Mode == tsconv.ModeSync {
 		if h.clock, err = phc.Open(sup.Info.Index); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		clock = h.clock
 	}
@@ -86,9 +83,9 @@ func (r *Ring) openHWClock() (*hwClock, error) {
 	}})
 	if err != nil {
 		h.close()
-		return nil, fmt.Errorf("hardware timestamp conversion: %w", err)
+		return nil, "", fmt.Errorf("hardware timestamp conversion: %w", err)
 	}
-	return h, nil
+	return h, sup.Reason, nil
 }
 
 // run keeps the sync-mode parameters fresh until ctx ends.

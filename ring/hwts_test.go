@@ -32,9 +32,9 @@ func TestRXTimestampsOnVeth(t *testing.T) {
 	if _, ok := l.r.HWTimestampErrorNs(); ok {
 		t.Fatal("an error estimate without a converter")
 	}
-	lowered := logs.FilterMessage("hardware timestamp conversion mode lowered").All()
-	if len(lowered) != 1 || !strings.Contains(fmt.Sprint(lowered[0].ContextMap()["reason"]), "no PHC on "+l.p.A.Name) {
-		t.Fatalf("log lines about the mode: %+v", lowered)
+	open := logs.FilterMessage("ring open").All()
+	if len(open) != 1 || !strings.Contains(fmt.Sprint(open[0].ContextMap()["hw_ts_reason"]), "no PHC on "+l.p.A.Name) {
+		t.Fatalf("ring open log line does not say why the mode is lower: %+v", open)
 	}
 
 	ep := l.bind(t, netip.AddrPortFrom(l.p.A.Addr4(), 0))

@@ -98,10 +98,11 @@ type Config struct {
 	// Reassembly bounds IP fragment reassembly.
 	Reassembly reassembly.Config
 	// HWTimestamps is the requested hardware timestamp conversion mode
-	// (BYPASSD_HW_TS_CONVERSION); Open lowers it to what the interface
-	// supports and logs why. Other than 0 (disable, the default here; the
-	// daemon defaults to 3) it also asks for the timestamping XDP
-	// program where the attach is native.
+	// (BYPASSD_HW_TS_CONVERSION). Other than 0 (disable, the default
+	// here) it asks the path for hardware receive stamps (the
+	// timestamping XDP program where the attach is native); Open then
+	// lowers the conversion mode to what the interface supports and says
+	// why in its "ring open" log line (HWTimestampMode reports it).
 	HWTimestamps tsconv.Mode
 
 	Log *zap.Logger
@@ -236,7 +237,8 @@ func Open(cfg Config) (_ *Ring, err error) {
 	if max := caps.FrameSize - 256 - 18; r.mtu > max {
 		return nil, fmt.Errorf("ring %s/%d: MTU %d is larger than a %d-byte frame can receive (max %d): lower the MTU or raise the frame size", cfg.Interface, cfg.Queue, r.mtu, caps.FrameSize, max)
 	}
-	if r.hw, err = r.openHWClock(); err != nil {
+	var hwWhy string
+	if r.hw, hwWhy, err = r.openHWClock(); err != nil {
 		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
 	}
 	if r.hw != nil {
@@ -262,6 +264,9 @@ func Open(cfg Config) (_ *Ring, err error) {
 	}
 	if cfg.HWTimestamps != tsconv.ModeDisable {
 		fields = append(fields, zap.Int("hw_ts_mode", int(r.HWTimestampMode())), zap.Bool("hw_ts_frames", caps.HWTimestamps))
+		if hwWhy != "" {
+			fields = append(fields, zap.String("hw_ts_reason", hwWhy))
+		}
 		if prog := r.Program(); prog != nil && prog.RXTimestampsRefused() != nil {
 			fields = append(fields, zap.NamedError("hw_ts_xdp_refused", prog.RXTimestampsRefused()))
 		}
