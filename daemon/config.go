@@ -28,6 +28,9 @@ const (
 	DefaultMaxSockets                 = 1024
 	DefaultMaxQueueMemory int64       = 256 << 20
 	DefaultFrames                     = 4096
+	// DefaultDevMemMax is the per-interface cap on staging memory: the
+	// on-device memory of a single-port ConnectX.
+	DefaultDevMemMax = 256 << 10
 )
 
 // Limits of the queue size a client may ask for in OPEN (and of
@@ -129,6 +132,18 @@ type Config struct {
 	// CPUs pins the ring engine threads (empty: no pinning).
 	CPUs []int
 
+	// DevMemTX is the device memory each ring stages egress frames in,
+	// in bytes (BYPASSD_RING_DEV_MEM_TX; rounded up to 64; 0: off).
+	DevMemTX int
+	// DevMemMax caps the staging memory of all rings of one interface
+	// (default DefaultDevMemMax); a configuration asking for more is
+	// refused at start.
+	DevMemMax int
+	// DevMemInline is the inline threshold: frames of at most this many
+	// bytes are never staged (default 204; negative: 0, every frame is a
+	// candidate).
+	DevMemInline int
+
 	// StatsInterval is how often the stats files are rewritten (default
 	// 100 ms; at least 1 ms). Negative: no stats files at all (the data
 	// path is the same either way; publishing costs one pass over the
@@ -182,6 +197,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StatsInterval == 0 {
 		c.StatsInterval = DefaultStatsInterval
+	}
+	if c.DevMemMax == 0 {
+		c.DevMemMax = DefaultDevMemMax
+	}
+	if c.DevMemTX > 0 {
+		c.DevMemTX = (c.DevMemTX + 63) &^ 63
 	}
 	if c.MetricsMaxClients == 0 {
 		c.MetricsMaxClients = stats.DefaultMaxClients
@@ -261,6 +282,9 @@ func (c Config) resolve() (resolved, error) {
 		if cpu < 0 || cpu >= 1<<16 {
 			return r, fmt.Errorf("CPU %d: not a CPU number", cpu)
 		}
+	}
+	if err := checkDevMem(c); err != nil {
+		return r, err
 	}
 	if c.StatsInterval > 0 && c.StatsInterval < time.Millisecond {
 		return r, fmt.Errorf("stats interval %v: at least 1ms (negative turns stats files off; so does --stats-interval 0)", c.StatsInterval)

@@ -116,15 +116,17 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 	for _, it := range rc.Interfaces {
 		rlog := log.With(zap.String("iface", it.Name), zap.Int("queue", it.Queue))
 		r, err := ring.Open(ring.Config{
-			Interface:  it.Name,
-			Queue:      it.Queue,
-			Frames:     rc.Frames,
-			XDPMode:    rc.XDPMode,
-			CPUs:       rc.CPUs,
-			Poll:       rc.EnginePoll,
-			RXPoll:     rc.RXPoll,
-			QueueBytes: rc.QueueBytes,
-			Log:        rlog,
+			Interface:    it.Name,
+			Queue:        it.Queue,
+			Frames:       rc.Frames,
+			XDPMode:      rc.XDPMode,
+			CPUs:         rc.CPUs,
+			Poll:         rc.EnginePoll,
+			RXPoll:       rc.RXPoll,
+			QueueBytes:   rc.QueueBytes,
+			DevMemTX:     rc.DevMemTX,
+			DevMemInline: rc.DevMemInline,
+			Log:          rlog,
 		})
 		if err != nil {
 			if errors.Is(err, unix.EBUSY) {
@@ -144,7 +146,8 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 		zap.Int("queue_bytes", rc.QueueBytes), zap.Int32("rx_poll_us", pollMicros(rc.RXPoll)),
 		zap.Duration("engine_poll", rc.EnginePoll), zap.Int("max_sockets", rc.MaxSockets),
 		zap.Int64("max_queue_memory", rc.MaxQueueMemory), zap.String("stats_dir", rc.StatsDir),
-		zap.Duration("stats_interval", rc.StatsInterval), zap.String("metrics", d.MetricsAddr()))
+		zap.Duration("stats_interval", rc.StatsInterval), zap.String("metrics", d.MetricsAddr()),
+		zap.Int("dev_mem_tx", rc.DevMemTX), zap.Int("dev_mem_max", rc.DevMemMax))
 	return d, nil
 }
 

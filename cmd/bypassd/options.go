@@ -134,6 +134,32 @@ var settings = []setting{
 	{name: "cpus", arg: "LIST", def: "(no pinning)",
 		usage: "CPUs the ring engine threads run on, e.g. 2,3 or 2-5",
 		apply: func(o *options, v string) (err error) { o.cfg.CPUs, err = parseCPUList(v); return err }},
+	{name: "dev-mem-tx", env: "BYPASSD_RING_DEV_MEM_TX", arg: "SIZE", def: "0 (off)",
+		usage: "device memory each ring stages egress frames in (rounded up to 64 bytes; 0: off)",
+		apply: func(o *options, v string) (err error) { o.cfg.DevMemTX, err = parseDevMem(v); return err }},
+	{name: "dev-mem-max", arg: "SIZE", def: "256K",
+		usage: "device memory one interface has: --dev-mem-tx times its rings must fit",
+		apply: func(o *options, v string) error {
+			n, err := parseSize(v)
+			if err == nil && n > math.MaxInt32 {
+				err = fmt.Errorf("%s is too large", v)
+			}
+			o.cfg.DevMemMax = int(n)
+			return err
+		}},
+	{name: "dev-mem-inline", arg: "BYTES", def: "204",
+		usage: "frames of at most this many bytes are never staged (0: stage every frame)",
+		apply: func(o *options, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || n > math.MaxUint16 {
+				return fmt.Errorf("want a byte count from 0 to %d", math.MaxUint16)
+			}
+			o.cfg.DevMemInline = n
+			if n == 0 {
+				o.cfg.DevMemInline = -1 // the daemon's "0": every frame is a candidate
+			}
+			return nil
+		}},
 	{name: "stats-interval", arg: "DURATION", def: "100ms",
 		usage: "how often the stats files bypass-stats reads are rewritten (0: no stats files)",
 		apply: func(o *options, v string) error {
@@ -375,6 +401,21 @@ func parseSize(v string) (int64, error) {
 		return 0, fmt.Errorf("want a size in bytes, optionally with K, M or G (binary), e.g. 1M")
 	}
 	return n * mult, nil
+}
+
+// parseDevMem reads a device memory size: 0 or a size as parseSize reads it.
+func parseDevMem(v string) (int, error) {
+	if strings.TrimSpace(v) == "0" {
+		return 0, nil
+	}
+	n, err := parseSize(v)
+	if err != nil {
+		return 0, fmt.Errorf("want 0 or a size in bytes, optionally with K or M (binary), e.g. 64K")
+	}
+	if n > math.MaxInt32 {
+		return 0, fmt.Errorf("%s is too large", v)
+	}
+	return int(n), nil
 }
 
 // parseCPUList reads a list like "0,2-3".
