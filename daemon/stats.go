@@ -527,6 +527,13 @@ func (d *Daemon) ringBlocks() []stats.Ring {
 		c[stats.RingXDPNoSocket] = xc.NoSocket
 		c[stats.RingXDPFragments] = xc.Fragments
 		c[stats.RingXDPMalformed] = xc.Malformed
+		dm := r.DevMemStats()
+		b.DevMemAlloc = int64(dm.Capacity)
+		c[stats.RingDevMemStagedPackets] = dm.StagedPackets
+		c[stats.RingDevMemStagedBytes] = dm.StagedBytes
+		c[stats.RingDevMemInline] = dm.InlinePackets
+		c[stats.RingDevMemOOB] = dm.OOBPackets
+		c[stats.RingDevMemErrors] = dm.ReleaseErrors + dm.CopyErrors
 		out = append(out, b)
 	}
 	return out

@@ -96,6 +96,11 @@ var ringSeries = []struct {
 	{RingCompletionStarved, counter("ring_completion_starvation_total", "Send buffer allocations that came back short.", ringLabels...)},
 	{RingKicks, counter("ring_kicks_total", "System calls made to wake the kernel or the device.", ringLabels...)},
 	{RingInvalidDescs, counter("ring_invalid_descriptors_total", "Descriptors the kernel rejected.", ringLabels...)},
+	{RingDevMemStagedPackets, counter("ring_dev_mem_staged_packets_total", "Frames sent from device memory (staged).", ringLabels...)},
+	{RingDevMemStagedBytes, counter("ring_dev_mem_staged_bytes_total", "Bytes of the frames sent from device memory.", ringLabels...)},
+	{RingDevMemInline, counter("ring_dev_mem_inline_packets_total", "Frames at or under the inline threshold, never staged.", ringLabels...)},
+	{RingDevMemOOB, counter("ring_dev_mem_oob_packets_total", "Frames over the inline threshold the staging region could not hold, sent from host memory.", ringLabels...)},
+	{RingDevMemErrors, counter("ring_dev_mem_errors_total", "Staging faults: out-of-order completions of staged frames, failed copies.", ringLabels...)},
 }
 
 var (
@@ -105,6 +110,7 @@ var (
 	ringInfo      = gauge("ring_info", "A ring: its queue pair's provider and mode.", "interface", "queue", "provider", "mode")
 	ringSockets   = gauge("ring_sockets", "Sockets bound on the ring.", ringLabels...)
 	ringUMEM      = gauge("ring_umem_bytes", "Size of the ring's buffer pool (UMEM).", ringLabels...)
+	ringDevMem    = gauge("ring_dev_mem_alloc_bytes", "Device memory granted to the ring for staging egress frames (0: staging off).", ringLabels...)
 	ringStopped   = gauge("ring_engine_stopped", "1 when the ring's engine stopped on an error (see the daemon's log).", ringLabels...)
 
 	rxDropReasons = []struct {
@@ -192,7 +198,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, s := range ringSeries {
 		ch <- s.d.d
 	}
-	for _, d := range []desc{ringRXDropped, ringTXDropped, ringReasm, ringInfo, ringSockets, ringUMEM, ringStopped,
+	for _, d := range []desc{ringRXDropped, ringTXDropped, ringReasm, ringInfo, ringSockets, ringUMEM, ringDevMem, ringStopped,
 		clientTXDropped, clientSockets, clientQueueMem, clientsGauge, clientsOther, ctlRequests, ctlErrors} {
 		ch <- d.d
 	}
@@ -232,6 +238,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- ringInfo.metric(1, r.Interface, l[1], r.Provider, r.Mode)
 		ch <- ringSockets.metric(float64(r.Sockets), l...)
 		ch <- ringUMEM.metric(float64(r.UMEMBytes()), l...)
+		ch <- ringDevMem.metric(float64(r.DevMemAlloc), l...)
 		stopped := 0.0
 		if r.Flags&RingStopped != 0 {
 			stopped = 1

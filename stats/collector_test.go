@@ -1,6 +1,7 @@
 package stats
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -45,6 +46,8 @@ func TestCollector(t *testing.T) {
 		r.Counters[RingRXPackets] = rx
 		r.Counters[RingRXChecksum] = 3
 		r.Counters[RingXDPRedirected] = 1000
+		r.DevMemAlloc = 64 << 10
+		r.Counters[RingDevMemOOB] = 4
 		return r
 	}
 	m := &Metrics{
@@ -84,7 +87,7 @@ func TestCollector(t *testing.T) {
 			t.Errorf("%s missing", want)
 		}
 	}
-	if bi := f["bypassd_build_info"].GetMetric()[0]; labels(bi)["version"] != "v9" || labels(bi)["stats_version"] != "1" {
+	if bi := f["bypassd_build_info"].GetMetric()[0]; labels(bi)["version"] != "v9" || labels(bi)["stats_version"] != strconv.Itoa(Version) {
 		t.Errorf("build info %v", labels(bi))
 	}
 
@@ -117,6 +120,12 @@ func TestCollector(t *testing.T) {
 	}
 	if u := f["bypassd_ring_umem_bytes"].GetMetric()[0]; value(u) != 16*2048 {
 		t.Errorf("UMEM %v", value(u))
+	}
+	if d := f["bypassd_ring_dev_mem_alloc_bytes"].GetMetric(); len(d) != 3 || value(d[0]) != 64<<10 {
+		t.Errorf("device memory granted: %v", d)
+	}
+	if o := f["bypassd_ring_dev_mem_oob_packets_total"].GetMetric(); len(o) != 3 || value(o[0]) != 4 {
+		t.Errorf("device memory oob: %v", o)
 	}
 
 	// Two clients of their own (the earliest connected), the third summed.

@@ -47,7 +47,7 @@ func TestDocMatchesLayout(t *testing.T) {
 		{offRIndex, 4, "index"}, {offRQueue, 4, "queue"}, {offRIfindex, 4, "ifindex"}, {offRFlags, 4, "flags"},
 		{offRInterface, lenRName, "interface"}, {offRProvider, lenRName, "provider"}, {offRMode, lenRName, "mode"},
 		{offRRXFrames, 4, "rx frames"}, {offRTXFrames, 4, "tx frames"}, {offRFrameSize, 4, "frame size"},
-		{offRSockets, 4, "sockets"}, {ringCounterOff, RingBlockSize - ringCounterOff, "counters"},
+		{offRSockets, 4, "sockets"}, {offRDevMem, 8, "dev mem alloc"}, {ringCounterOff, RingBlockSize - ringCounterOff, "counters"},
 		// socket block
 		{offSID, 4, "socket id"}, {offSFlags, 4, "flags"}, {offSFamily, 2, "family"}, {offSRing, 2, "ring"},
 		{offSTTL, 1, "ttl"}, {offSMcastTTL, 1, "multicast ttl"}, {offSTOS, 1, "tos"}, {offSLocal, 16, "local address"},

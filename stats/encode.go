@@ -44,6 +44,7 @@ const (
 	offRTXFrames  = 68
 	offRFrameSize = 72
 	offRSockets   = 76
+	offRDevMem    = 80
 )
 
 // Client block offsets.
@@ -211,22 +212,24 @@ func encodeRing(b []byte, r *Ring) {
 	le.PutUint32(b[offRTXFrames:], clampU32(r.TXFrames))
 	le.PutUint32(b[offRFrameSize:], clampU32(r.FrameSize))
 	le.PutUint32(b[offRSockets:], clampU32(r.Sockets))
+	le.PutUint64(b[offRDevMem:], uint64(max(r.DevMemAlloc, 0)))
 	putCounters(b[ringCounterOff:], r.Counters[:])
 }
 
 func decodeRing(b []byte, r *Ring) {
 	*r = Ring{
-		Index:     int(le.Uint32(b[offRIndex:])),
-		Queue:     int(le.Uint32(b[offRQueue:])),
-		Ifindex:   int(le.Uint32(b[offRIfindex:])),
-		Flags:     RingFlags(le.Uint32(b[offRFlags:])),
-		Interface: getString(b[offRInterface : offRInterface+lenRName]),
-		Provider:  getString(b[offRProvider : offRProvider+lenRName]),
-		Mode:      getString(b[offRMode : offRMode+lenRName]),
-		RXFrames:  int(le.Uint32(b[offRRXFrames:])),
-		TXFrames:  int(le.Uint32(b[offRTXFrames:])),
-		FrameSize: int(le.Uint32(b[offRFrameSize:])),
-		Sockets:   int(le.Uint32(b[offRSockets:])),
+		Index:       int(le.Uint32(b[offRIndex:])),
+		Queue:       int(le.Uint32(b[offRQueue:])),
+		Ifindex:     int(le.Uint32(b[offRIfindex:])),
+		Flags:       RingFlags(le.Uint32(b[offRFlags:])),
+		Interface:   getString(b[offRInterface : offRInterface+lenRName]),
+		Provider:    getString(b[offRProvider : offRProvider+lenRName]),
+		Mode:        getString(b[offRMode : offRMode+lenRName]),
+		RXFrames:    int(le.Uint32(b[offRRXFrames:])),
+		TXFrames:    int(le.Uint32(b[offRTXFrames:])),
+		FrameSize:   int(le.Uint32(b[offRFrameSize:])),
+		Sockets:     int(le.Uint32(b[offRSockets:])),
+		DevMemAlloc: int64(le.Uint64(b[offRDevMem:])),
 	}
 	getCounters(b[ringCounterOff:], r.Counters[:])
 }

@@ -12,12 +12,12 @@ const (
 	// Version is the layout version this package writes and reads. A
 	// reader refuses any other version (ErrVersion): fields only move when
 	// it changes.
-	Version = 1
+	Version = 2
 
 	// HeaderSize is the size of the file header; the first block follows.
 	HeaderSize = 256
 	// ClientBlockSize, DaemonBlockSize, RingBlockSize and SocketBlockSize
-	// are the sizes of the blocks of version 1.
+	// are the sizes of the blocks (unchanged since version 1).
 	ClientBlockSize = 256
 	DaemonBlockSize = 512
 	RingBlockSize   = 1024
@@ -248,39 +248,44 @@ type RingCounter int
 
 // Ring counters, in block order.
 const (
-	RingRXPackets         RingCounter = iota // datagrams delivered to sockets (offloaded RX)
-	RingRXBytes                              // their payload bytes
-	RingTXPackets                            // datagrams sent (offloaded TX)
-	RingTXBytes                              // their payload bytes
-	RingRXNoEndpoint                         // datagrams steered here with no socket to take them
-	RingRXMalformed                          // frames that failed to parse
-	RingRXChecksum                           // datagrams with a wrong UDP checksum
-	RingRXQueueFull                          // datagrams dropped: a socket's RX queue was full
-	RingTXFragments                          // IP fragments sent for datagrams over the MTU
-	RingTXBufferWaits                        // times the engine found no free send buffer
-	RingTXUnreachable                        // datagrams dropped: next hop unresolvable
-	RingTXErrors                             // datagrams dropped: could not be encoded
-	RingTXLinkDown                           // frames dropped: link down
-	RingEngineWakeups                        // times the engine slept and woke up
-	RingProviderRXPackets                    // frames the provider received
-	RingProviderTXPackets                    // frames the provider sent
-	RingProviderRXDropped                    // frames the kernel dropped: RX ring full or no fill buffer
-	RingFillStarved                          // times the fill ring had no buffer for the device (fill starvation)
-	RingCompletionStarved                    // buffer allocations short of frames (completion starvation)
-	RingKicks                                // system calls made to wake the kernel or device
-	RingInvalidDescs                         // descriptors the kernel rejected
-	RingReasmReassembled                     // datagrams reassembled from fragments
-	RingReasmTimeouts                        // incomplete datagrams dropped after the timeout
-	RingReasmEvicted                         // incomplete datagrams dropped to stay within the memory bound
-	RingReasmOverlaps                        // datagrams dropped for overlapping fragments
-	RingReasmInvalid                         // malformed fragments and inconsistent datagrams
-	RingReasmTooBig                          // datagrams dropped for exceeding the IP size limit
-	RingXDPRedirected                        // XDP: frames redirected to AF_XDP sockets (interface-wide)
-	RingXDPPassed                            // XDP: frames of no offloaded flow, left to the kernel
-	RingXDPNoSocket                          // XDP: frames of a flow whose queue has no socket, left to the kernel
-	RingXDPFragments                         // XDP: IP fragments redirected (part of redirected)
-	RingXDPMalformed                         // XDP: truncated or inconsistent headers, left to the kernel
-	NumRingCounters                          // number of ring counters in this version
+	RingRXPackets           RingCounter = iota // datagrams delivered to sockets (offloaded RX)
+	RingRXBytes                                // their payload bytes
+	RingTXPackets                              // datagrams sent (offloaded TX)
+	RingTXBytes                                // their payload bytes
+	RingRXNoEndpoint                           // datagrams steered here with no socket to take them
+	RingRXMalformed                            // frames that failed to parse
+	RingRXChecksum                             // datagrams with a wrong UDP checksum
+	RingRXQueueFull                            // datagrams dropped: a socket's RX queue was full
+	RingTXFragments                            // IP fragments sent for datagrams over the MTU
+	RingTXBufferWaits                          // times the engine found no free send buffer
+	RingTXUnreachable                          // datagrams dropped: next hop unresolvable
+	RingTXErrors                               // datagrams dropped: could not be encoded
+	RingTXLinkDown                             // frames dropped: link down
+	RingEngineWakeups                          // times the engine slept and woke up
+	RingProviderRXPackets                      // frames the provider received
+	RingProviderTXPackets                      // frames the provider sent
+	RingProviderRXDropped                      // frames the kernel dropped: RX ring full or no fill buffer
+	RingFillStarved                            // times the fill ring had no buffer for the device (fill starvation)
+	RingCompletionStarved                      // buffer allocations short of frames (completion starvation)
+	RingKicks                                  // system calls made to wake the kernel or device
+	RingInvalidDescs                           // descriptors the kernel rejected
+	RingReasmReassembled                       // datagrams reassembled from fragments
+	RingReasmTimeouts                          // incomplete datagrams dropped after the timeout
+	RingReasmEvicted                           // incomplete datagrams dropped to stay within the memory bound
+	RingReasmOverlaps                          // datagrams dropped for overlapping fragments
+	RingReasmInvalid                           // malformed fragments and inconsistent datagrams
+	RingReasmTooBig                            // datagrams dropped for exceeding the IP size limit
+	RingXDPRedirected                          // XDP: frames redirected to AF_XDP sockets (interface-wide)
+	RingXDPPassed                              // XDP: frames of no offloaded flow, left to the kernel
+	RingXDPNoSocket                            // XDP: frames of a flow whose queue has no socket, left to the kernel
+	RingXDPFragments                           // XDP: IP fragments redirected (part of redirected)
+	RingXDPMalformed                           // XDP: truncated or inconsistent headers, left to the kernel
+	RingDevMemStagedPackets                    // frames sent from device memory (staged)
+	RingDevMemStagedBytes                      // their bytes (whole frames)
+	RingDevMemInline                           // frames at or under the inline threshold, never staged
+	RingDevMemOOB                              // frames over the threshold the staging region could not hold (sent from host memory)
+	RingDevMemErrors                           // staging faults: out-of-order completions, failed copies
+	NumRingCounters                            // number of ring counters in this version
 )
 
 // ringCounterOff is where the counters start in a ring block, and
@@ -299,7 +304,8 @@ var ringCounterNames = [NumRingCounters]string{
 	"engine_wakeups", "provider_rx_packets", "provider_tx_packets", "provider_rx_dropped", "fill_starved",
 	"completion_starved", "kicks", "invalid_descs", "reasm_reassembled", "reasm_timeouts", "reasm_evicted",
 	"reasm_overlaps", "reasm_invalid", "reasm_too_big", "xdp_redirected", "xdp_passed", "xdp_no_socket",
-	"xdp_fragments", "xdp_malformed",
+	"xdp_fragments", "xdp_malformed", "dev_mem_staged_packets", "dev_mem_staged_bytes", "dev_mem_inline",
+	"dev_mem_oob", "dev_mem_errors",
 }
 
 func (c RingCounter) String() string {
@@ -322,8 +328,11 @@ type Ring struct {
 	// RXFrames, TXFrames and FrameSize describe the buffer pool (UMEM).
 	RXFrames, TXFrames, FrameSize int
 	// Sockets is how many sockets are bound on the ring.
-	Sockets  int
-	Counters RingCounters
+	Sockets int
+	// DevMemAlloc is the device memory the ring was granted for staging
+	// egress frames, in bytes (0: staging off).
+	DevMemAlloc int64
+	Counters    RingCounters
 }
 
 // UMEMBytes is the size of the ring's buffer pool.

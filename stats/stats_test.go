@@ -2,6 +2,7 @@ package stats
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -127,7 +128,7 @@ func TestRoundTripDaemon(t *testing.T) {
 		Daemon: &Daemon{LogLevel: -1, MaxSockets: 1024, QueueBytes: 1 << 20, Version: "bypassd v1.2.3 (control protocol v1)",
 			SocketPath: "/run/bypassd/bypassd.sock"},
 		Rings: []Ring{{Index: 0, Interface: "veth-a", Queue: 0, Ifindex: 7, Flags: RingZeroCopy, Provider: "afxdp",
-			Mode: "native/copy", RXFrames: 2048, TXFrames: 2048, FrameSize: 2048, Sockets: 3},
+			Mode: "native/copy", RXFrames: 2048, TXFrames: 2048, FrameSize: 2048, Sockets: 3, DevMemAlloc: 1 << 40},
 			{Index: 1, Interface: "a-very-long-interface-name", Queue: 3, Flags: RingStopped}},
 	}
 	for i := range in.Daemon.Counters {
@@ -204,8 +205,8 @@ func TestOpenRefusesBadFiles(t *testing.T) {
 		want   error
 		text   string
 	}{
-		{"version", func(b []byte) []byte { le.PutUint32(b[offVersion:], 2); return b }, ErrVersion,
-			"the file has layout version 2, this program reads version 1"},
+		{"version", func(b []byte) []byte { le.PutUint32(b[offVersion:], Version+1); return b }, ErrVersion,
+			fmt.Sprintf("the file has layout version %d, this program reads version %d", Version+1, Version)},
 		{"magic", func(b []byte) []byte { b[0] = 'X'; return b }, ErrFormat, "magic"},
 		{"short", func(b []byte) []byte { return b[:100] }, ErrFormat, "100 bytes"},
 		{"truncated", func(b []byte) []byte { return b[:HeaderSize+10] }, ErrFormat, "the file has"},

@@ -56,8 +56,11 @@ func newLab(t *testing.T) *lab {
 	srv := daemontest.Start(t, p, daemon.Config{
 		QueueBytes:    256 << 10,
 		StatsInterval: 10 * time.Millisecond,
-		Version:       "test",
-		LogLevel:      &level,
+		// Room for every frame TestViewsMatchTraffic sends at once, so
+		// none is oob.
+		DevMemTX: 256 << 10,
+		Version:  "test",
+		LogLevel: &level,
 	}, zaptest.NewLogger(t, zaptest.Level(level)))
 	l := &lab{p: p, d: srv.Daemon, dir: srv.Dir, stats: srv.Config.StatsDir, sock: srv.SocketPath(), level: level}
 	return l
@@ -235,6 +238,11 @@ func TestViewsMatchTraffic(t *testing.T) {
 		fmt.Sprintf("Rx Offload: %d / %d [kilobytes/packets]", rx*rxSize/1024, rx),
 		fmt.Sprintf("XDP (%s, all queues): %d / ", l.p.A.Name, rx),
 		"Totals (closed sockets included): Rx 97 / 100, Tx 100 / 50",
+		"Dev Mem Alloc: 262144",
+		// Each datagram leaves as a 1514-byte and a 610-byte fragment,
+		// both over the 204-byte inline threshold, so both are staged.
+		fmt.Sprintf("Dev Mem Stats: %d / %d / 0 [kilobytes/packets/oob]", tx*(1514+610)/1024, 2*tx),
+		"Dev Mem Inline: 0, errors: 0",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("-v 3 lacks %q:\n%s", want, out)
@@ -433,7 +441,7 @@ func TestErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, errs, rc = l.cli(t, "-S", other, "-p", "1", "-c", "1")
-	if rc != 1 || !strings.Contains(errs, "layout version 9, this program reads version 1") {
+	if rc != 1 || !strings.Contains(errs, fmt.Sprintf("layout version 9, this program reads version %d", stats.Version)) {
 		t.Errorf("wrong version: %d %q", rc, errs)
 	}
 	// No stats directory.

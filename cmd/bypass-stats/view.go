@@ -369,6 +369,10 @@ func (v *viewer) ringBlock(r *stats.Ring, prev *stats.Snapshot, _ *stats.Snapsho
 	fmt.Fprintf(w, "\tStarvation: %d / %d [fill/completion], kicks %d, invalid descriptors %d\n",
 		c(stats.RingFillStarved), c(stats.RingCompletionStarved), c(stats.RingKicks), c(stats.RingInvalidDescs))
 	fmt.Fprintf(w, "\tUMEM: %d KiB (%d rx + %d tx frames of %d bytes)\n", r.UMEMBytes()/1024, r.RXFrames, r.TXFrames, r.FrameSize)
+	fmt.Fprintf(w, "\tDev Mem Alloc: %d\n", r.DevMemAlloc)
+	fmt.Fprintf(w, "\tDev Mem Stats: %d / %d / %d [kilobytes/packets/oob]\n",
+		kb(c(stats.RingDevMemStagedBytes)), c(stats.RingDevMemStagedPackets), c(stats.RingDevMemOOB))
+	fmt.Fprintf(w, "\tDev Mem Inline: %d, errors: %d\n", c(stats.RingDevMemInline), c(stats.RingDevMemErrors))
 	fmt.Fprintf(w, "\tReassembly: %d / %d / %d / %d / %d / %d [reassembled/timeouts/evicted/overlaps/invalid/too big]\n",
 		c(stats.RingReasmReassembled), c(stats.RingReasmTimeouts), c(stats.RingReasmEvicted), c(stats.RingReasmOverlaps),
 		c(stats.RingReasmInvalid), c(stats.RingReasmTooBig))
