@@ -1,0 +1,134 @@
+//go:build verbs
+
+package verbs
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/bypassd/bypassd/ring/qp"
+)
+
+// The send and receive bookkeeping is plain Go over the buffer pool; these
+// tests drive it with completions as rdma-core's poll loop reports them
+// (wr_id, status, byte_len, timestamp), no device involved.
+
+func bookkeepingProvider(paced int) *Provider {
+	cfg := Config{Frames: 64, FrameSize: 2048, Inline: 204}
+	p := &Provider{cfg: cfg, sizes: queueSizes{RXFrames: 32, TXFrames: 32, SendWR: 32, RecvWR: 32}, inline: 204, base: 0x10000}
+	p.pool = make([]byte, 64*2048)
+	for i := 0; i <= paced; i++ {
+		p.sq = append(p.sq, &sendQueue{})
+	}
+	return p
+}
+
+func TestBuildSends(t *testing.T) {
+	p := bookkeepingProvider(1)
+	p.lkey = 7
+	p.dm = &DeviceRegion{lkey: 9, size: 4096}
+	frames := make([]qp.Frame, 20)
+	for i := range frames {
+		off := uint64(32+i) * 2048
+		frames[i] = qp.Frame{Buf: p.pool[off : off+1000], Handle: off}
+	}
+	frames[0].Buf = frames[0].Buf[:100] // small enough to go inline
+	frames[1] = qp.Frame{Buf: make([]byte, 300), Handle: p.dm.Handle(512)}
+	p.sq[1].seq = 41
+	wrs := p.buildSends(1, frames)
+	if len(wrs) != 20 {
+		t.Fatalf("%d work requests for 20 frames", len(wrs))
+	}
+	if wrs[0].Flags != sendInline || wrs[0].Len != 100 || wrs[0].Addr != 0x10000+32*2048 || wrs[0].LKey != 7 {
+		t.Errorf("inline host frame: %+v", wrs[0])
+	}
+	if wrs[1].Addr != 512 || wrs[1].LKey != 9 || wrs[1].Len != 300 || wrs[1].Flags&sendInline != 0 {
+		t.Errorf("device-memory frame (zero-based address, DM key, never inline): %+v", wrs[1])
+	}
+	for i, w := range wrs {
+		signaled := w.Flags&sendSignaled != 0
+		if want := i == signalEvery-1 || i == len(wrs)-1; signaled != want {
+			t.Errorf("request %d signaled %v, want %v", i, signaled, want)
+		}
+		if q, seq := w.WRID>>wrSeqBits, w.WRID&(1<<wrSeqBits-1); q != 1 || seq != uint64(41+i) {
+			t.Errorf("request %d wr_id names queue %d seq %d", i, q, seq)
+		}
+	}
+}
+
+func TestTakeTXRetiresUpToTheSignaledRequest(t *testing.T) {
+	p := bookkeepingProvider(1)
+	for q := 0; q < 2; q++ {
+		for i := 0; i < 5; i++ {
+			p.sq[q].inflight = append(p.sq[q].inflight, postedFrame{seq: uint64(i), handle: uint64(40+5*q+i) * 2048})
+		}
+	}
+	p.sq[0].inflight[4].handle = dmHandle | 64 // staged: not a pool buffer
+	p.pending = 10
+	// Queue 1 completes its third request: the first three retire.
+	if n := p.takeTX([]completion{{WRID: 1<<wrSeqBits | 2}}); n != 3 || len(p.sq[1].inflight) != 2 || p.pending != 7 || len(p.free) != 3 {
+		t.Fatalf("after queue 1 seq 2: done %d, inflight %d, pending %d, free %d", n, len(p.sq[1].inflight), p.pending, len(p.free))
+	}
+	// Queue 0 completes everything; its device-memory frame is not a pool
+	// buffer and does not go to the free list.
+	if n := p.takeTX([]completion{{WRID: 4}}); n != 5 || len(p.free) != 7 || p.pending != 2 {
+		t.Fatalf("after queue 0 seq 4: done %d, free %d, pending %d", n, len(p.free), p.pending)
+	}
+	for _, h := range p.free {
+		if h&dmHandle != 0 {
+			t.Fatalf("device-memory handle %#x on the free list", h)
+		}
+	}
+	// A stale completion (older than what is in flight) retires nothing.
+	if n := p.takeTX([]completion{{WRID: 1<<wrSeqBits | 1}}); n != 0 {
+		t.Fatalf("stale completion retired %d", n)
+	}
+	// An error completion (not a flush) retires its frames and fails the queue.
+	if n := p.takeTX([]completion{{WRID: 1<<wrSeqBits | 4, Status: 4}}); n != 2 || p.fatal == nil || p.txErrors.Load() != 1 {
+		t.Fatalf("error completion: done %d, fatal %v, errors %d", n, p.fatal, p.txErrors.Load())
+	}
+	if !strings.Contains(p.fatal.Error(), "error state") {
+		t.Fatalf("fatal error %q", p.fatal)
+	}
+	// A completion naming a queue that does not exist is counted, not trusted.
+	if n := p.takeTX([]completion{{WRID: 7 << wrSeqBits}}); n != 0 || p.txErrors.Load() != 2 {
+		t.Fatalf("unknown queue: done %d, errors %d", n, p.txErrors.Load())
+	}
+}
+
+func TestTakeTXSequenceWrap(t *testing.T) {
+	p := bookkeepingProvider(0)
+	top := uint64(1<<wrSeqBits - 2)
+	for i := uint64(0); i < 4; i++ {
+		p.sq[0].inflight = append(p.sq[0].inflight, postedFrame{seq: (top + i) & (1<<wrSeqBits - 1), handle: (40 + i) * 2048})
+	}
+	p.pending = 4
+	if n := p.takeTX([]completion{{WRID: 1}}); n != 4 {
+		t.Fatalf("completion after the sequence wrapped retired %d of 4", n)
+	}
+}
+
+func TestTakeRX(t *testing.T) {
+	p := bookkeepingProvider(0)
+	p.rxPosted = 5
+	frames := make([]qp.Frame, 5)
+	n := p.takeRX([]completion{
+		{WRID: 0, Len: 60, TS: 12345},
+		{WRID: 2048, Status: wcFlushError},
+		{WRID: 4096, Len: 3000}, // longer than a buffer: refused
+		{WRID: 100},             // not a buffer address
+		{WRID: 40 * 2048},       // a TX buffer: not ours to receive into
+	}, frames)
+	if n != 1 || len(frames[0].Buf) != 60 || frames[0].HWTimestamp != 12345 || frames[0].Handle != 0 || cap(frames[0].Buf) != 2048 {
+		t.Fatalf("good completion: n %d, frame %+v", n, frames[0])
+	}
+	if p.rxErrors.Load() != 4 || p.rxPosted != 0 {
+		t.Fatalf("rx errors %d, posted %d", p.rxErrors.Load(), p.rxPosted)
+	}
+	if len(p.repost) != 2 || p.repost[0] != 2048 || p.repost[1] != 4096 {
+		t.Fatalf("buffers of failed completions are reposted: %v", p.repost)
+	}
+	if p.fatal == nil || !strings.Contains(p.fatal.Error(), "flushed") {
+		t.Fatalf("a flushed receive queue must stop the ring: %v", p.fatal)
+	}
+}
