@@ -10,7 +10,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/ring/qp"
 )
 
@@ -85,7 +84,7 @@ func walkQP(port uint8, modify func(qpStep) error) error {
 // flowPriority: a rule that names the source (5-tuple) must win over the
 // destination-only rule (3-tuple) of the same socket address, as in the XDP
 // program. In verbs a lower number is a higher priority.
-func flowPriority(f bpf.Flow) uint16 {
+func flowPriority(f qp.Flow) uint16 {
 	if f.Src.IsValid() {
 		return 0
 	}
@@ -118,7 +117,7 @@ func flowMAC(dst netip.Addr, own net.HardwareAddr) (mac [6]byte, err error) {
 // host's byte order for the struct fields and network order for the match
 // values, as verbs.h lays them out. Only the fields the flow names are
 // masked in, so a 3-tuple rule matches any source.
-func flowRule(f bpf.Flow, own net.HardwareAddr, port uint8) ([]byte, error) {
+func flowRule(f qp.Flow, own net.HardwareAddr, port uint8) ([]byte, error) {
 	if f.Proto != unix.IPPROTO_UDP {
 		return nil, fmt.Errorf("flow %s: only UDP flows are steered", f)
 	}

@@ -13,7 +13,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/ring/qp"
 )
 
@@ -72,8 +71,8 @@ func TestWalkQPErrors(t *testing.T) {
 
 var testMAC = net.HardwareAddr{0x02, 0x11, 0x22, 0x33, 0x44, 0x55}
 
-func udpFlow(dst, src string) bpf.Flow {
-	f := bpf.Flow{Proto: unix.IPPROTO_UDP, Dst: netip.MustParseAddrPort(dst)}
+func udpFlow(dst, src string) qp.Flow {
+	f := qp.Flow{Proto: unix.IPPROTO_UDP, Dst: netip.MustParseAddrPort(dst)}
 	if src != "" {
 		f.Src = netip.MustParseAddrPort(src)
 	}
@@ -190,7 +189,7 @@ func TestFlowMAC(t *testing.T) {
 }
 
 func TestFlowRuleRefuses(t *testing.T) {
-	for name, f := range map[string]bpf.Flow{
+	for name, f := range map[string]qp.Flow{
 		"tcp":        {Proto: unix.IPPROTO_TCP, Dst: netip.MustParseAddrPort("10.0.0.1:80")},
 		"no port":    {Proto: unix.IPPROTO_UDP, Dst: netip.MustParseAddrPort("10.0.0.1:0")},
 		"no address": {Proto: unix.IPPROTO_UDP},

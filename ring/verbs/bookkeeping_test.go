@@ -26,14 +26,20 @@ func bookkeepingProvider(paced int) *Provider {
 func TestBuildSends(t *testing.T) {
 	p := bookkeepingProvider(1)
 	p.lkey = 7
-	p.dm = &DeviceRegion{lkey: 9, size: 4096}
+	p.dm = &DeviceRegion{lkey: 9, size: 4096, zeros: make([]byte, 2048)}
 	frames := make([]qp.Frame, 20)
 	for i := range frames {
 		off := uint64(32+i) * 2048
 		frames[i] = qp.Frame{Buf: p.pool[off : off+1000], Handle: off}
 	}
 	frames[0].Buf = frames[0].Buf[:100] // small enough to go inline
-	frames[1] = qp.Frame{Buf: make([]byte, 300), Handle: p.dm.Handle(512)}
+	frames[1] = p.dm.TXFrame(512, 300)
+	if off, ok := p.dm.Offset(frames[1]); !ok || off != 512 {
+		t.Fatalf("Offset of a staged frame: %d, %v", off, ok)
+	}
+	if _, ok := p.dm.Offset(frames[0]); ok {
+		t.Fatal("a pool frame reported as staged")
+	}
 	p.sq[1].seq = 41
 	wrs := p.buildSends(1, frames)
 	if len(wrs) != 20 {
@@ -63,16 +69,22 @@ func TestTakeTXRetiresUpToTheSignaledRequest(t *testing.T) {
 			p.sq[q].inflight = append(p.sq[q].inflight, postedFrame{seq: uint64(i), handle: uint64(40+5*q+i) * 2048})
 		}
 	}
-	p.sq[0].inflight[4].handle = dmHandle | 64 // staged: not a pool buffer
+	var released []int
+	p.dm = &DeviceRegion{size: 4096, released: func(off int) { released = append(released, off) }}
+	p.sq[0].inflight[3].handle = dmHandle | 64 // staged: not pool buffers
+	p.sq[0].inflight[4].handle = dmHandle | 256
 	p.pending = 10
 	// Queue 1 completes its third request: the first three retire.
 	if n := p.takeTX([]completion{{WRID: 1<<wrSeqBits | 2}}); n != 3 || len(p.sq[1].inflight) != 2 || p.pending != 7 || len(p.free) != 3 {
 		t.Fatalf("after queue 1 seq 2: done %d, inflight %d, pending %d, free %d", n, len(p.sq[1].inflight), p.pending, len(p.free))
 	}
-	// Queue 0 completes everything; its device-memory frame is not a pool
-	// buffer and does not go to the free list.
-	if n := p.takeTX([]completion{{WRID: 4}}); n != 5 || len(p.free) != 7 || p.pending != 2 {
+	// Queue 0 completes everything; its device-memory frames go back to
+	// the staging allocator in order, not to the free list.
+	if n := p.takeTX([]completion{{WRID: 4}}); n != 5 || len(p.free) != 6 || p.pending != 2 {
 		t.Fatalf("after queue 0 seq 4: done %d, free %d, pending %d", n, len(p.free), p.pending)
+	}
+	if len(released) != 2 || released[0] != 64 || released[1] != 256 {
+		t.Fatalf("staged frames released %v, want [64 256]", released)
 	}
 	for _, h := range p.free {
 		if h&dmHandle != 0 {

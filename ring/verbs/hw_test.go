@@ -15,7 +15,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/ring/qp"
 	"github.com/bypassd/bypassd/ring/tsconv"
 )
@@ -131,21 +130,28 @@ func TestHWFlowRules(t *testing.T) {
 			}
 		}
 	}
-	flows := []bpf.Flow{
+	flows := []qp.Flow{
 		{Proto: unix.IPPROTO_UDP, Dst: netip.AddrPortFrom(addr, 45678)},
 		{Proto: unix.IPPROTO_UDP, Dst: netip.AddrPortFrom(addr, 45678), Src: netip.MustParseAddrPort("192.0.2.200:5000")},
 		{Proto: unix.IPPROTO_UDP, Dst: netip.MustParseAddrPort("239.1.2.3:45679")},
 		{Proto: unix.IPPROTO_UDP, Dst: netip.MustParseAddrPort("[2001:db8::1]:45680")},
 	}
+	st := p.Steering()
 	for _, f := range flows {
-		if err := p.AddFlow(f); err != nil {
+		if err := st.AddFlow(f); err != nil {
 			t.Fatalf("add %s: %v", f, err)
 		}
 	}
-	for _, f := range flows {
-		if err := p.DeleteFlow(f); err != nil {
+	if got, _ := st.Flows(); len(got) != len(flows) || st.Healthy() != nil {
+		t.Fatalf("flows %v, healthy %v", got, st.Healthy())
+	}
+	for _, f := range flows[:2] {
+		if err := st.DeleteFlow(f); err != nil {
 			t.Fatalf("delete %s: %v", f, err)
 		}
+	}
+	if err := st.Close(); err != nil {
+		t.Fatalf("close steering with two flows left: %v", err)
 	}
 }
 
@@ -175,7 +181,7 @@ func TestHWReceive(t *testing.T) {
 	if !addr.IsValid() {
 		t.Fatalf("interface %s has no IPv4 address", ifc.Name)
 	}
-	if err := p.AddFlow(bpf.Flow{Proto: unix.IPPROTO_UDP, Dst: netip.AddrPortFrom(addr, uint16(port))}); err != nil {
+	if err := p.Steering().AddFlow(qp.Flow{Proto: unix.IPPROTO_UDP, Dst: netip.AddrPortFrom(addr, uint16(port))}); err != nil {
 		t.Fatal(err)
 	}
 	frames := make([]qp.Frame, 16)
@@ -225,17 +231,17 @@ func TestHWDeviceMemory(t *testing.T) {
 	if p.DeviceCaps().DeviceMemory == 0 {
 		t.Skip("the device has no on-device memory")
 	}
-	r, err := p.AllocDeviceMemory(4096)
+	var released []int
+	region, err := p.AllocDeviceMemory(4096, func(off int) { released = append(released, off) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	region := r.(*DeviceRegion)
 	buf := make([]byte, 256)
 	n := testFrame(buf, p.mac, 1)
 	if err := region.CopyTo(64, buf[:n]); err != nil {
 		t.Fatal(err)
 	}
-	frame := []qp.Frame{{Buf: buf[:n], Handle: region.Handle(64)}}
+	frame := []qp.Frame{region.TXFrame(64, n)}
 	if k, err := p.TXBurst(frame); k != 1 || err != nil {
 		t.Fatalf("post from device memory: %d, %v", k, err)
 	}
@@ -243,10 +249,10 @@ func TestHWDeviceMemory(t *testing.T) {
 	for p.TXPending() > 0 && time.Now().Before(deadline) {
 		p.Complete()
 	}
-	if p.TXPending() > 0 || p.Stats().InvalidDescs != 0 {
-		t.Fatalf("device-memory send did not complete cleanly: pending %d, stats %+v", p.TXPending(), p.Stats())
+	if p.TXPending() > 0 || p.Stats().InvalidDescs != 0 || len(released) != 1 || released[0] != 64 {
+		t.Fatalf("device-memory send did not complete cleanly: pending %d, released %v, stats %+v", p.TXPending(), released, p.Stats())
 	}
-	if _, err := p.AllocDeviceMemory(4096); !errors.Is(err, unix.EEXIST) {
+	if _, err := p.AllocDeviceMemory(4096, func(int) {}); !errors.Is(err, unix.EEXIST) {
 		t.Fatalf("second region: %v, want EEXIST", err)
 	}
 }

@@ -19,7 +19,7 @@ func TestNotBuilt(t *testing.T) {
 		"class/net/eth1/device/infiniband/mlx5_0/": "",
 		"class/infiniband/mlx5_0/ports/1/":         "",
 	})
-	d := decideIn(root, "eth1")
+	d := decideIn(root, "eth1", noBus)
 	if d.Use || d.Binding == nil || d.Binding.Device != "mlx5_0" || !strings.Contains(d.Reason, "-tags verbs") {
 		t.Fatalf("decide = %+v, want afxdp with the device named and the build hint", d)
 	}

@@ -13,7 +13,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/ring/devmem"
 	"github.com/bypassd/bypassd/ring/qp"
 )
@@ -76,7 +75,7 @@ func (c *Config) setDefaults() error {
 }
 
 // dmHandle marks a frame handle as an offset in the device memory region
-// rather than in the host buffer pool (see DeviceRegion.Handle).
+// rather than in the host buffer pool (see DeviceRegion.TXFrame).
 const dmHandle = 1 << 63
 
 // signalEvery: a send work request asks for a completion at least this often
@@ -122,7 +121,7 @@ type sendQueue struct {
 
 // Provider is a raw packet QP on one RDMA port; it implements qp.Provider,
 // qp.RateLimiter and qp.DeviceMemory, steers flows with ibv_create_flow
-// (AddFlow, DeleteFlow) and exposes the device clock (Clock).
+// (Steering) and exposes the device clock (Clock).
 type Provider struct {
 	cfg   Config
 	bind  Binding
@@ -158,12 +157,14 @@ type Provider struct {
 	repost           []uint64
 
 	flowMu sync.Mutex
-	flows  map[bpf.Flow]cFlow
+	flows  map[qp.Flow]cFlow
 
 	dm *DeviceRegion
 
 	fatal  error
 	closed bool
+	// broken publishes fatal to other goroutines (Steering.Healthy).
+	broken atomic.Pointer[error]
 
 	rxPackets, txPackets, rxErrors, txErrors, noRXBuffer, txNoBuffer, posts, portDown atomic.Uint64
 
@@ -224,7 +225,7 @@ func Open(cfg Config) (_ *Provider, err error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	p := &Provider{cfg: cfg, flows: map[bpf.Flow]cFlow{}}
+	p := &Provider{cfg: cfg, flows: map[qp.Flow]cFlow{}}
 	defer func() {
 		if err != nil {
 			p.release()
@@ -365,7 +366,7 @@ func (p *Provider) Caps() qp.Caps {
 		RXFrames:     p.sizes.RXFrames,
 		TXFrames:     p.sizes.TXFrames,
 		RateLimit:    p.caps.RateLimitCaps(),
-		DeviceMemory: int(min(p.caps.DeviceMemory, uint64(1<<31-1))),
+		DeviceMemory: int(min(p.caps.DeviceMemory, 1<<30)),
 		HWTimestamps: p.ts,
 	}
 }
@@ -501,8 +502,8 @@ func (p *Provider) TXBurst(frames []qp.Frame) (int, error) {
 }
 
 // TXBurstQueue posts frames on send queue q: 0 is the main queue, 1.. the
-// paced queues SetRateLimit created. A frame whose Handle came from
-// DeviceRegion.Handle is sent from device memory.
+// paced queues SetRateLimit created. A frame from DeviceRegion.TXFrame is
+// sent from device memory.
 func (p *Provider) TXBurstQueue(q int, frames []qp.Frame) (int, error) {
 	if p.closed {
 		return 0, qp.ErrClosed
@@ -611,6 +612,8 @@ func (p *Provider) takeTX(batch []completion) int {
 		for i < len(s.inflight) && (seq-s.inflight[i].seq)&(1<<wrSeqBits-1) < 1<<(wrSeqBits-1) {
 			if h := s.inflight[i].handle; h&dmHandle == 0 {
 				p.free = append(p.free, h)
+			} else if p.dm != nil {
+				p.dm.released(int(h &^ dmHandle))
 			}
 			i++
 		}
@@ -717,6 +720,7 @@ func (p *Provider) asyncEvents() {
 func (p *Provider) fail(err error) {
 	if p.fatal == nil {
 		p.fatal = fmt.Errorf("verbs %s/%d: %w", p.cfg.Interface, p.cfg.Queue, err)
+		p.broken.Store(&p.fatal)
 	}
 }
 
@@ -735,44 +739,6 @@ func (p *Provider) Stats() qp.Stats {
 
 // PortErrors counts the port-down events seen since Open.
 func (p *Provider) PortErrors() uint64 { return p.portDown.Load() }
-
-// AddFlow steers f to the ring's QP with an ibv_create_flow rule.
-func (p *Provider) AddFlow(f bpf.Flow) error {
-	p.flowMu.Lock()
-	defer p.flowMu.Unlock()
-	if p.closed {
-		return qp.ErrClosed
-	}
-	if _, ok := p.flows[f]; ok {
-		return nil
-	}
-	attr, err := flowRule(f, p.mac, uint8(p.bind.Port))
-	if err != nil {
-		return fmt.Errorf("verbs %s/%d: %w", p.cfg.Interface, p.cfg.Queue, err)
-	}
-	h, err := cCreateFlow(p.sq[0].qp, attr)
-	if err != nil {
-		return translate(fmt.Sprintf("verbs %s/%d: steer %s", p.cfg.Interface, p.cfg.Queue, f), err)
-	}
-	p.flows[f] = h
-	return nil
-}
-
-// DeleteFlow removes f's steering rule; a flow that is not steered is not
-// an error.
-func (p *Provider) DeleteFlow(f bpf.Flow) error {
-	p.flowMu.Lock()
-	defer p.flowMu.Unlock()
-	h, ok := p.flows[f]
-	if !ok {
-		return nil
-	}
-	delete(p.flows, f)
-	if err := cDestroyFlow(h); err != nil {
-		return translate(fmt.Sprintf("verbs %s/%d: remove steering of %s", p.cfg.Interface, p.cfg.Queue, f), err)
-	}
-	return nil
-}
 
 // SetRateLimit implements qp.RateLimiter: send queue 0 is the main QP, and
 // queue k > 0 is a QP of its own, created on first use (up to

@@ -82,7 +82,7 @@ func TestDecideDeviceQueryFails(t *testing.T) {
 		"class/net/eth1/device/infiniband/mlx5_0/": "",
 		"class/infiniband/mlx5_0/ports/1/":         "",
 	})
-	d := decideIn(root, "eth1")
+	d := decideIn(root, "eth1", noBus)
 	if d.Use || d.Binding == nil || d.Caps != nil || !strings.Contains(d.Reason, "mlx5_0 port 1") {
 		t.Fatalf("decide = %+v, want no verbs with the device and the reason", d)
 	}

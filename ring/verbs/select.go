@@ -23,11 +23,11 @@ type Decision struct {
 // binary has the provider and the interface has an RDMA device whose port
 // can carry raw packet QPs.
 func Decide(ifname string) Decision {
-	return decideIn("/sys", ifname)
+	return decideIn("/sys", ifname, ethtoolBusInfo)
 }
 
-func decideIn(root, ifname string) Decision {
-	b, err := lookupIn(root, ifname)
+func decideIn(root, ifname string, busInfo func(string) (string, error)) Decision {
+	b, err := lookupIn(root, ifname, busInfo)
 	if err != nil {
 		return Decision{Reason: err.Error()}
 	}

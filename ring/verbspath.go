@@ -1,0 +1,21 @@
+//go:build verbs
+
+package ring
+
+import (
+	"github.com/bypassd/bypassd/ring/qp"
+	"github.com/bypassd/bypassd/ring/verbs"
+)
+
+// The verbs path (binaries built with -tags verbs): a raw packet QP on the
+// interface's RDMA port, steered by ibv_create_flow rules instead of the
+// XDP program.
+func init() { RegisterProvider("verbs", openVerbsPath) }
+
+func openVerbsPath(pc PathConfig) (qp.Provider, qp.Steering, error) {
+	p, err := verbs.Open(verbs.Config{Interface: pc.Interface, Queue: pc.Queue, Frames: pc.Frames, FrameSize: pc.FrameSize})
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, p.Steering(), nil
+}
