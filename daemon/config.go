@@ -124,6 +124,12 @@ type Config struct {
 	// sockets, in bytes (default 256 MiB); more fail with ENOMEM.
 	MaxQueueMemory int64
 
+	// Provider picks each ring's raw queue pair backend: "auto" (the
+	// default: verbs where the binary has it and the interface has an RDMA
+	// port for raw packet QPs, afxdp otherwise), "afxdp", "verbs" or "tap"
+	// (see ring.RegisterProvider).
+	Provider string
+
 	// Frames is the UMEM frame count of each ring (default 4096).
 	Frames int
 	// XDPMode selects native or generic XDP (default: native, generic
@@ -194,6 +200,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Frames == 0 {
 		c.Frames = DefaultFrames
+	}
+	if c.Provider == "" {
+		c.Provider = ProviderAuto
 	}
 	if c.StatsInterval == 0 {
 		c.StatsInterval = DefaultStatsInterval
@@ -272,6 +281,9 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if c.Frames < 64 || c.Frames&(c.Frames-1) != 0 {
 		return r, fmt.Errorf("frames %d: must be a power of two, at least 64", c.Frames)
+	}
+	if err := checkProvider(c.Provider); err != nil {
+		return r, err
 	}
 	switch c.XDPMode {
 	case bpf.ModeAuto, bpf.ModeNative, bpf.ModeGeneric:

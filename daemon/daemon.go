@@ -118,6 +118,7 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 		r, err := ring.Open(ring.Config{
 			Interface:    it.Name,
 			Queue:        it.Queue,
+			Provider:     chooseProvider(rc.Provider, it.Name, rlog),
 			Frames:       rc.Frames,
 			XDPMode:      rc.XDPMode,
 			CPUs:         rc.CPUs,

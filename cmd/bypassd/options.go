@@ -121,6 +121,9 @@ var settings = []setting{
 	{name: "frames", arg: "N", def: strconv.Itoa(daemon.DefaultFrames),
 		usage: "UMEM frames per ring (power of two, at least 64)",
 		apply: func(o *options, v string) (err error) { o.cfg.Frames, err = parseCount(v); return err }},
+	{name: "provider", arg: "NAME", def: daemon.ProviderAuto,
+		usage: "ring provider: auto (verbs on an RDMA port when built with -tags verbs, else afxdp), afxdp, verbs or tap",
+		apply: func(o *options, v string) error { o.cfg.Provider = v; return nil }},
 	{name: "xdp-mode", arg: "MODE", def: "auto",
 		usage: "XDP attach mode: auto (native, else generic), native or generic",
 		apply: func(o *options, v string) error {

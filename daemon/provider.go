@@ -1,0 +1,47 @@
+package daemon
+
+import (
+	"fmt"
+	"slices"
+
+	"go.uber.org/zap"
+
+	"github.com/bypassd/bypassd/ring"
+	"github.com/bypassd/bypassd/ring/verbs"
+)
+
+// ProviderAuto lets the daemon pick each interface's provider.
+const ProviderAuto = "auto"
+
+// checkProvider accepts auto and the providers this binary has, and says
+// how to get verbs when it is missing.
+func checkProvider(name string) error {
+	if name == ProviderAuto || slices.Contains(ring.Providers(), name) {
+		return nil
+	}
+	if name == "verbs" {
+		return fmt.Errorf("provider verbs: %w", verbs.ErrNotBuilt)
+	}
+	return fmt.Errorf("provider %q: want auto or one of %v", name, ring.Providers())
+}
+
+// chooseProvider resolves auto for one interface: verbs when the binary has
+// it and the interface has an RDMA port that carries raw packet QPs, afxdp
+// otherwise. It logs the choice and why.
+func chooseProvider(requested, ifname string, log *zap.Logger) string {
+	if requested != ProviderAuto {
+		return requested
+	}
+	d := verbs.Decide(ifname)
+	if d.Use && slices.Contains(ring.Providers(), "verbs") {
+		log.Info("provider chosen", zap.String("provider", "verbs"), zap.String("why", d.Reason))
+		return "verbs"
+	}
+	level := log.Info
+	if d.Binding != nil {
+		// The NIC could run verbs but will not: worth a warning.
+		level = log.Warn
+	}
+	level("provider chosen", zap.String("provider", ring.DefaultProvider), zap.String("why_not_verbs", d.Reason))
+	return ring.DefaultProvider
+}
