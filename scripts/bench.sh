@@ -10,5 +10,8 @@ echo
 echo "== ping-pong latency: bypass-perf on the shim vs sockperf on the kernel, same sockperf server"
 scripts/bench-latency.sh
 echo
+echo "== egress staging in device memory: off vs on, 1400-byte datagrams"
+scripts/bench-devmem.sh
+echo
 echo "== packet path micro-benchmarks"
-go test -run '^$' -bench . -benchmem ./ring/packet/ ./ring/reassembly/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'
+go test -run '^$' -bench . -benchmem ./ring/packet/ ./ring/reassembly/ ./ring/devmem/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'

@@ -42,6 +42,8 @@ type options struct {
 	rate     float64
 	// statsCmp adds the shim cases with the daemon's stats publishing off.
 	statsCmp bool
+	// devMemCmp adds the ring TX case with egress staging on.
+	devMemCmp bool
 }
 
 func main() {
@@ -54,8 +56,9 @@ func main() {
 	flag.StringVar(&o.load, "load", "ring", "RX load generator in the peer namespace: ring (an AF_XDP ring, the fastest sender here) or kernel (sendmmsg)")
 	flag.Float64Var(&o.rate, "rate", 0, "RX offered load in datagrams/s with -load ring (0: as fast as the sender goes)")
 	flag.BoolVar(&o.statsCmp, "stats-cmp", true, "also run the shim cases with the daemon's stats files off (tx-shim-nostats, rx-shim-nostats) and print the difference")
+	flag.BoolVar(&o.devMemCmp, "devmem-cmp", false, "also run the ring TX case with egress staging in device memory on (tx-ring-devmem, 256 KiB) and print the on/off ratio")
 	flag.BoolVar(&o.split, "split", true, "senders on CPU 0, the receiving side (threaded NAPI, receiver) on CPU 1")
-	only := flag.String("only", "", "run only the cases whose name contains this (tx-kernel, tx-ring, tx-shim, rx-kernel, rx-ring, rx-shim)")
+	only := flag.String("only", "", "run only the cases whose name contains this, or one of these comma-separated strings (tx-kernel, tx-ring, tx-shim, rx-kernel, rx-ring, rx-shim)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	o.only = *only
@@ -134,9 +137,20 @@ func run(o options) error {
 			fn   func() (sample, error)
 		}{"rx-shim-nostats", noStats(b.rxShim)})
 	}
+	if o.devMemCmp {
+		cases = append(cases, struct {
+			name string
+			fn   func() (sample, error)
+		}{"tx-ring-devmem", b.txRingDevMem})
+	}
 	for i := 0; i < o.runs; i++ {
+		if o.devMemCmp && i > 0 {
+			// Staging on vs off is a small difference: alternate the
+			// order run by run so neither side always goes first.
+			slices.Reverse(cases)
+		}
 		for _, c := range cases {
-			if !strings.Contains(c.name, o.only) {
+			if !selected(c.name, o.only) {
 				continue
 			}
 			s, err := c.fn()
@@ -149,6 +163,7 @@ func run(o options) error {
 	}
 	report(o, results)
 	reportStats(results)
+	reportDevMem(o, results, b.devMemSeen)
 	return nil
 }
 
@@ -158,6 +173,12 @@ type bench struct {
 	sendCPU, recvCPU int
 	// statsOff starts the shim cases' daemon without stats files.
 	statsOff bool
+	// devMem is the staging memory of rings openRing opens (0: off), and
+	// devMemSeen sums what the staging runs counted.
+	devMem     int
+	devMemSeen ring.DevMemStats
+	// lastRing is the ring openRing opened last.
+	lastRing *ring.Ring
 }
 
 // onThread runs fn on a fresh OS thread pinned to cpu (negative: not
@@ -281,7 +302,7 @@ func (b *bench) openRing(cpu int) (*ring.Ring, *ring.Endpoint, error) {
 	var r *ring.Ring
 	err := b.p.A.NS.Do(func() error {
 		var err error
-		r, err = ring.Open(ring.Config{Interface: b.p.A.Name, Poll: b.o.poll, CPUs: b.engineCPUs(cpu)})
+		r, err = ring.Open(ring.Config{Interface: b.p.A.Name, Poll: b.o.poll, CPUs: b.engineCPUs(cpu), DevMemTX: b.devMem})
 		return err
 	})
 	if err != nil {
@@ -292,6 +313,7 @@ func (b *bench) openRing(cpu int) (*ring.Ring, *ring.Endpoint, error) {
 		r.Close()
 		return nil, nil, err
 	}
+	b.lastRing = r
 	return r, ep, nil
 }
 
@@ -491,6 +513,17 @@ func (b *bench) receive(dst netip.AddrPort, recv func() (int, error)) (sample, e
 		return sample{}, fmt.Errorf("sender: %w", sendErr)
 	}
 	return sample{sent: float64(sent.Load()) / el, delivered: float64(got) / el}, nil
+}
+
+// selected reports whether case name matches -only: it contains one of the
+// comma-separated strings (an empty -only selects everything).
+func selected(name, only string) bool {
+	for _, s := range strings.Split(only, ",") {
+		if strings.Contains(name, s) {
+			return true
+		}
+	}
+	return false
 }
 
 func median(xs []float64) float64 {

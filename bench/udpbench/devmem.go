@@ -1,0 +1,47 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/bypassd/bypassd/ring"
+)
+
+// devMemBytes is the staging memory of the tx-ring-devmem case: the
+// default per-device cap, all on one ring.
+const devMemBytes = 256 << 10
+
+// txRingDevMem is tx-ring with egress staging on: every frame over the
+// inline threshold is copied into the ring's staging region and sent from
+// there.
+func (b *bench) txRingDevMem() (sample, error) {
+	b.devMem = devMemBytes
+	defer func() { b.devMem = 0 }()
+	s, err := b.txRing()
+	if err != nil {
+		return s, err
+	}
+	// The counters outlive the ring's Close.
+	st := b.lastRing.DevMemStats()
+	b.devMemSeen.StagedPackets += st.StagedPackets
+	b.devMemSeen.InlinePackets += st.InlinePackets
+	b.devMemSeen.OOBPackets += st.OOBPackets
+	return s, nil
+}
+
+// reportDevMem compares tx-ring with staging on and off, both interleaved
+// with the other cases run by run, so drift hits them alike.
+func reportDevMem(o options, res map[string][]sample, seen ring.DevMemStats) {
+	on, off := res["tx-ring-devmem"], res["tx-ring"]
+	if len(on) == 0 || len(off) == 0 {
+		return
+	}
+	dlv := func(s sample) float64 { return s.delivered }
+	mOn, mOff := median(col(on, dlv)), median(col(off, dlv))
+	fmt.Printf("tx-ring %d-byte UDP, egress staging on (%d KiB) vs off: %.3f vs %.3f Mpps arrived (medians of %d), ratio on/off %.3f (target >= 0.98)\n",
+		o.size, devMemBytes>>10, mOn/1e6, mOff/1e6, len(on), mOn/mOff)
+	if k := res["tx-kernel"]; len(k) > 0 {
+		mk := median(col(k, dlv))
+		fmt.Printf("  vs the kernel in the same run: staging off %.2fx, on %.2fx\n", mOff/mk, mOn/mk)
+	}
+	fmt.Printf("  staging runs: %d frames staged, %d inline, %d oob\n", seen.StagedPackets, seen.InlinePackets, seen.OOBPackets)
+}
