@@ -54,6 +54,9 @@ func (r *Ring) openHWClock() (*hwClock, string, error) {
 	if r.cfg.HWTimestamps == tsconv.ModeDisable {
 		return nil, "", nil
 	}
+	if cp, ok := r.prov.(clockProvider); ok {
+		return r.openProviderClock(cp)
+	}
 	sup, err := ProbeHWTimestamps(r.cfg.Interface, r.cfg.HWTimestamps)
 	if err != nil {
 		return nil, "", err

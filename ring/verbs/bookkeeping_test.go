@@ -120,18 +120,33 @@ func TestTakeTXSequenceWrap(t *testing.T) {
 	}
 }
 
+func TestTicksToNs(t *testing.T) {
+	for _, tc := range []struct{ ticks, khz, want uint64 }{
+		{156_250_000, 156_250, 1_000_000_000}, // one second at 156.25 MHz
+		{1, 1_000_000, 1},                     // a 1 GHz clock counts ns
+		{3, 1_000_000_000, 0},                 // sub-ns ticks round down
+		{1 << 62, 156_250, 1<<64 - 1},         // 2^62 × 6.4 ns: saturates, never wraps
+		{5, 0, 0},                             // unknown rate: no time
+	} {
+		if got := ticksToNs(tc.ticks, tc.khz); got != tc.want {
+			t.Errorf("ticksToNs(%d, %d kHz) = %d, want %d", tc.ticks, tc.khz, got, tc.want)
+		}
+	}
+}
+
 func TestTakeRX(t *testing.T) {
 	p := bookkeepingProvider(0)
 	p.rxPosted = 5
+	p.caps.ClockKHz = 156250 // 6.4 ns per tick
 	frames := make([]qp.Frame, 5)
 	n := p.takeRX([]completion{
-		{WRID: 0, Len: 60, TS: 12345},
+		{WRID: 0, Len: 60, TS: 10000},
 		{WRID: 2048, Status: wcFlushError},
 		{WRID: 4096, Len: 3000}, // longer than a buffer: refused
 		{WRID: 100},             // not a buffer address
 		{WRID: 40 * 2048},       // a TX buffer: not ours to receive into
 	}, frames)
-	if n != 1 || len(frames[0].Buf) != 60 || frames[0].HWTimestamp != 12345 || frames[0].Handle != 0 || cap(frames[0].Buf) != 2048 {
+	if n != 1 || len(frames[0].Buf) != 60 || frames[0].HWTimestamp != 64000 || frames[0].Handle != 0 || cap(frames[0].Buf) != 2048 {
 		t.Fatalf("good completion: n %d, frame %+v", n, frames[0])
 	}
 	if p.rxErrors.Load() != 4 || p.rxPosted != 0 {

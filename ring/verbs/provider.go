@@ -310,7 +310,8 @@ func Open(cfg Config) (_ *Provider, err error) {
 // plain ones.
 func (p *Provider) createCQs() (err error) {
 	flags := uint64(wcExWithByteLen)
-	p.ts = p.caps.CompletionTimestamps && !p.cfg.NoTimestamps
+	// Without the clock rate the ticks cannot become nanoseconds.
+	p.ts = p.caps.CompletionTimestamps && p.caps.ClockKHz != 0 && !p.cfg.NoTimestamps
 	if p.ts {
 		flags |= wcExWithCompletionTimestamp
 	}
@@ -378,8 +379,9 @@ func (p *Provider) DeviceCaps() DeviceCaps { return p.caps }
 // completion event is due. Verbs rings are not steered through an XSKMAP.
 func (p *Provider) FD() int { return int(p.pollFds[0].Fd) }
 
-// RXBurst implements qp.Provider. Frames carry the completion timestamp in
-// device ticks when the CQ has timestamps (see Clock).
+// RXBurst implements qp.Provider. Frames carry the completion timestamp,
+// in nanoseconds of the device clock, when the CQ has timestamps (see
+// Clock).
 func (p *Provider) RXBurst(frames []qp.Frame) int {
 	if p.closed || p.fatal != nil || len(frames) == 0 {
 		return 0
@@ -435,7 +437,7 @@ func (p *Provider) takeRX(batch []completion, frames []qp.Frame) int {
 			p.repost = append(p.repost, off)
 			continue
 		}
-		frames[n] = qp.Frame{Buf: p.pool[off : off+uint64(c.Len) : off+fs], Handle: off, HWTimestamp: c.TS}
+		frames[n] = qp.Frame{Buf: p.pool[off : off+uint64(c.Len) : off+fs], Handle: off, HWTimestamp: ticksToNs(c.TS, p.caps.ClockKHz)}
 		n++
 	}
 	return n
