@@ -16,6 +16,7 @@ import (
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/ring/tsconv"
 	"github.com/bypassd/bypassd/stats"
 )
 
@@ -137,6 +138,11 @@ type Config struct {
 	XDPMode bpf.AttachMode
 	// CPUs pins the ring engine threads (empty: no pinning).
 	CPUs []int
+	// HWTSConversion is the requested hardware timestamp conversion mode
+	// (BYPASSD_HW_TS_CONVERSION, VMA's modes 0..4; nil: 3, sync to
+	// system). The effective mode is the lowest every interface
+	// supports; New logs it once with the reason.
+	HWTSConversion *tsconv.Mode
 
 	// DevMemTX is the device memory each ring stages egress frames in,
 	// in bytes (BYPASSD_RING_DEV_MEM_TX; rounded up to 64; 0: off).
@@ -219,6 +225,10 @@ func (c Config) withDefaults() Config {
 	if c.Version == "" {
 		c.Version = "dev"
 	}
+	if c.HWTSConversion == nil {
+		m := tsconv.DefaultMode
+		c.HWTSConversion = &m
+	}
 	return c
 }
 
@@ -289,6 +299,9 @@ func (c Config) resolve() (resolved, error) {
 	case bpf.ModeAuto, bpf.ModeNative, bpf.ModeGeneric:
 	default:
 		return r, fmt.Errorf("XDP mode %v: must be auto, native or generic", c.XDPMode)
+	}
+	if !c.HWTSConversion.Valid() {
+		return r, fmt.Errorf("hardware timestamp conversion mode %d: use 0 (disable), 1 (raw), 2 (best), 3 (sync) or 4 (ptp)", int(*c.HWTSConversion))
 	}
 	for _, cpu := range c.CPUs {
 		if cpu < 0 || cpu >= 1<<16 {

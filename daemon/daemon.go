@@ -113,9 +113,14 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 	if d.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
 		return nil, fmt.Errorf("daemon: netlink: %w", err)
 	}
+	hwts, err := hwTimestampMode(rc.Interfaces, *rc.HWTSConversion, log)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
 	for _, it := range rc.Interfaces {
 		rlog := log.With(zap.String("iface", it.Name), zap.Int("queue", it.Queue))
 		r, err := ring.Open(ring.Config{
+			HWTimestamps: hwts,
 			Interface:    it.Name,
 			Queue:        it.Queue,
 			Provider:     chooseProvider(rc.Provider, it.Name, rlog),

@@ -44,6 +44,9 @@ type socket struct {
 	reuseAddr bool
 	hdr       ring.HeaderOptions
 	pending   []pendingGroup
+
+	// timestamping is the SO_TIMESTAMPING flags (see timestamping.go).
+	timestamping uint32
 }
 
 // pendingGroup is a multicast membership requested before the bind.

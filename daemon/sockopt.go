@@ -20,6 +20,8 @@ import (
 //	                                     (fixed at OPEN), as Linux clamps to
 //	                                     rmem_max
 //	             SO_MAX_PACING_RATE      EOPNOTSUPP (no pacing yet)
+//	             SO_TIMESTAMPING(_NEW)   get, set: which receive timestamps
+//	                                     the shim reports (timestamping.go)
 //	IPPROTO_IP   IP_TOS, IP_TTL, IP_MULTICAST_TTL, IP_MULTICAST_LOOP
 //	IPPROTO_IPV6 IPV6_UNICAST_HOPS, IPV6_MULTICAST_HOPS,
 //	             IPV6_MULTICAST_LOOP, IPV6_TCLASS (AF_INET6 sockets only)
@@ -55,6 +57,8 @@ func optName(level, name int32) string {
 		{unix.SOL_SOCKET, unix.SO_SNDBUF}:             "SO_SNDBUF",
 		{unix.SOL_SOCKET, unix.SO_RCVBUF}:             "SO_RCVBUF",
 		{unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE}:    "SO_MAX_PACING_RATE",
+		{unix.SOL_SOCKET, unix.SO_TIMESTAMPING}:       "SO_TIMESTAMPING",
+		{unix.SOL_SOCKET, unix.SO_TIMESTAMPING_NEW}:   "SO_TIMESTAMPING_NEW",
 		{unix.IPPROTO_IP, unix.IP_TOS}:                "IP_TOS",
 		{unix.IPPROTO_IP, unix.IP_TTL}:                "IP_TTL",
 		{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL}:      "IP_MULTICAST_TTL",
@@ -124,6 +128,13 @@ func (k *socket) setOption(level, name int32, value []byte) error {
 			return nil
 		case unix.SO_TYPE, unix.SO_DOMAIN, unix.SO_PROTOCOL:
 			return fmt.Errorf("%s is read-only: %w", optName(level, name), unix.ENOPROTOOPT)
+		case unix.SO_TIMESTAMPING, unix.SO_TIMESTAMPING_NEW:
+			f, err := timestampingValue(value)
+			if err != nil {
+				return err
+			}
+			k.timestamping = f
+			return nil
 		}
 	}
 	v, err := intValue(level, name, value)
@@ -196,6 +207,8 @@ func (k *socket) option(level, name int32) ([]byte, error) {
 		v = int32(k.queueBytes)
 	case [2]int32{unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE}:
 		return nil, fmt.Errorf("SO_MAX_PACING_RATE: packet pacing is not supported yet: %w", unix.EOPNOTSUPP)
+	case [2]int32{unix.SOL_SOCKET, unix.SO_TIMESTAMPING}, [2]int32{unix.SOL_SOCKET, unix.SO_TIMESTAMPING_NEW}:
+		v = int32(k.timestamping)
 	case [2]int32{unix.IPPROTO_IP, unix.IP_TOS}, [2]int32{unix.IPPROTO_IPV6, unix.IPV6_TCLASS}:
 		v = int32(o.TOS)
 	case [2]int32{unix.IPPROTO_IP, unix.IP_TTL}, [2]int32{unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS}:
@@ -217,7 +230,7 @@ func (k *socket) optionKnown(level, name int32) bool {
 	case unix.SOL_SOCKET:
 		switch name {
 		case unix.SO_REUSEADDR, unix.SO_TYPE, unix.SO_DOMAIN, unix.SO_PROTOCOL,
-			unix.SO_SNDBUF, unix.SO_RCVBUF, unix.SO_MAX_PACING_RATE:
+			unix.SO_SNDBUF, unix.SO_RCVBUF, unix.SO_MAX_PACING_RATE, unix.SO_TIMESTAMPING, unix.SO_TIMESTAMPING_NEW:
 			return true
 		}
 	case unix.IPPROTO_IP:

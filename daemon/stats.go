@@ -534,6 +534,10 @@ func (d *Daemon) ringBlocks() []stats.Ring {
 		c[stats.RingDevMemInline] = dm.InlinePackets
 		c[stats.RingDevMemOOB] = dm.OOBPackets
 		c[stats.RingDevMemErrors] = dm.ReleaseErrors + dm.CopyErrors
+		c[stats.RingHWTSMode] = uint64(r.HWTimestampMode())
+		if e, ok := r.HWTimestampErrorNs(); ok && e > 0 {
+			c[stats.RingHWTSErrorNs] = uint64(e)
+		}
 		out = append(out, b)
 	}
 	return out
@@ -601,7 +605,7 @@ func (d *Daemon) daemonSnapshot(zeroed bool) *stats.Snapshot {
 			st.ctlBase = ctl
 		}
 		for i := range rings {
-			subtract(rings[i].Counters[:], st.ringBase[i][:], func(stats.RingCounter) bool { return false })
+			subtract(rings[i].Counters[:], st.ringBase[i][:], stats.RingCounter.IsGauge)
 		}
 		subtract(ctl[:], st.ctlBase[:], stats.DaemonCounter.IsGauge)
 	}

@@ -337,8 +337,8 @@ func TestOptionNames(t *testing.T) {
 		t.Errorf("Option(ip_tos): %v, want ENOPROTOOPT (names are case-sensitive)", err)
 	}
 	names := OptionNames()
-	if len(names) != 12 {
-		t.Errorf("OptionNames() = %v, want the 12 documented names", names)
+	if len(names) != 13 {
+		t.Errorf("OptionNames() = %v, want the 13 documented names", names)
 	}
 	for i, name := range names {
 		if name == "SO_MAX_PACING_RATE" {

@@ -33,6 +33,8 @@ type Message struct {
 	Buf  []byte
 	N    int
 	Addr netip.AddrPort
+	// TS holds the timestamps the socket asked for with SetTimestamping.
+	TS Timestamps
 }
 
 // UDPConn is a UDP socket accelerated by bypassd. Datagrams move through
@@ -70,6 +72,7 @@ type UDPConn struct {
 	life           sync.RWMutex          // data calls hold it shared; teardown exclusively before unmapping
 	rxMu, txMu     sync.Mutex            // one receiver / one sender at a time, as the queues are SPSC
 	rxScratch      []sockq.Message       // ReadBatch's conversion buffer (rxMu)
+	tsFlags        atomic.Uint32         // SO_TIMESTAMPING flags the daemon accepted
 }
 
 var (
@@ -288,7 +291,7 @@ func (u *UDPConn) recv(sm []sockq.Message, msgs []Message) (int, error) {
 			n, err := u.q.RecvBatch(sm, pastDeadline)
 			if n > 0 {
 				for i := 0; i < n && msgs != nil; i++ {
-					msgs[i].N, msgs[i].Addr = sm[i].N, sm[i].Addr
+					msgs[i].N, msgs[i].Addr, msgs[i].TS = sm[i].N, sm[i].Addr, u.timestamps(&sm[i].Header)
 				}
 				return n, nil
 			}
@@ -628,6 +631,9 @@ func (u *UDPConn) SetOption(name string, value int) error {
 			de.Hint = "packet pacing is not supported by this bypassd yet; send unpaced, or upgrade bypassd once pacing lands"
 		}
 		return u.opErr("set", netip.AddrPort{}, fmt.Errorf("setsockopt %s=%d: %w", name, value, err))
+	}
+	if o.level == unix.SOL_SOCKET && (o.name == unix.SO_TIMESTAMPING || o.name == unix.SO_TIMESTAMPING_NEW) {
+		u.tsFlags.Store(uint32(value))
 	}
 	return nil
 }

@@ -112,6 +112,8 @@ var (
 	ringUMEM      = gauge("ring_umem_bytes", "Size of the ring's buffer pool (UMEM).", ringLabels...)
 	ringDevMem    = gauge("ring_dev_mem_alloc_bytes", "Device memory granted to the ring for staging egress frames (0: staging off).", ringLabels...)
 	ringStopped   = gauge("ring_engine_stopped", "1 when the ring's engine stopped on an error (see the daemon's log).", ringLabels...)
+	ringHWTSMode  = gauge("ring_hw_timestamp_mode", "Effective hardware timestamp conversion mode (0 disable, 1 raw, 3 sync, 4 ptp).", ringLabels...)
+	ringHWTSError = gauge("ring_hw_timestamp_error_seconds", "Estimated error of hardware timestamps converted to system time (sync mode only).", ringLabels...)
 
 	rxDropReasons = []struct {
 		c      RingCounter
@@ -198,7 +200,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, s := range ringSeries {
 		ch <- s.d.d
 	}
-	for _, d := range []desc{ringRXDropped, ringTXDropped, ringReasm, ringInfo, ringSockets, ringUMEM, ringDevMem, ringStopped,
+	for _, d := range []desc{ringRXDropped, ringTXDropped, ringReasm, ringInfo, ringSockets, ringUMEM, ringDevMem, ringStopped, ringHWTSMode, ringHWTSError,
 		clientTXDropped, clientSockets, clientQueueMem, clientsGauge, clientsOther, ctlRequests, ctlErrors} {
 		ch <- d.d
 	}
@@ -244,6 +246,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			stopped = 1
 		}
 		ch <- ringStopped.metric(stopped, l...)
+		ch <- ringHWTSMode.metric(float64(r.Counters[RingHWTSMode]), l...)
+		if r.Counters[RingHWTSMode] == 3 {
+			ch <- ringHWTSError.metric(float64(r.Counters[RingHWTSErrorNs])/1e9, l...)
+		}
 		// The XDP program is per interface: its rings report the same
 		// counters, exported once.
 		if !seenIface[r.Interface] {

@@ -50,8 +50,11 @@ func TestCollector(t *testing.T) {
 		r.Counters[RingDevMemOOB] = 4
 		return r
 	}
+	synced := ring("eth2", 0, 11)
+	synced.Counters[RingHWTSMode] = 3
+	synced.Counters[RingHWTSErrorNs] = 250
 	m := &Metrics{
-		Rings: []Ring{ring("eth1", 0, 5), ring("eth1", 1, 7), ring("eth2", 0, 11)},
+		Rings: []Ring{ring("eth1", 0, 5), ring("eth1", 1, 7), synced},
 		Requests: []RequestCount{
 			{Code: "OPEN", Requests: 4, Errors: 1}, {Code: "BIND", Requests: 3},
 		},
@@ -126,6 +129,13 @@ func TestCollector(t *testing.T) {
 	}
 	if o := f["bypassd_ring_dev_mem_oob_packets_total"].GetMetric(); len(o) != 3 || value(o[0]) != 4 {
 		t.Errorf("device memory oob: %v", o)
+	}
+	// The error gauge exists only where it means something: sync mode.
+	if m := f["bypassd_ring_hw_timestamp_mode"].GetMetric(); len(m) != 3 {
+		t.Errorf("%d timestamp mode series, want one per ring", len(m))
+	}
+	if e := f["bypassd_ring_hw_timestamp_error_seconds"].GetMetric(); len(e) != 1 || value(e[0]) != 250e-9 || labels(e[0])["interface"] != "eth2" {
+		t.Errorf("timestamp error series %v", e)
 	}
 
 	// Two clients of their own (the earliest connected), the third summed.

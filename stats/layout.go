@@ -285,6 +285,8 @@ const (
 	RingDevMemInline                           // frames at or under the inline threshold, never staged
 	RingDevMemOOB                              // frames over the threshold the staging region could not hold (sent from host memory)
 	RingDevMemErrors                           // staging faults: out-of-order completions, failed copies
+	RingHWTSMode                               // gauge: effective hardware timestamp conversion mode, 0..4
+	RingHWTSErrorNs                            // gauge: estimated error of converted hardware timestamps in ns (sync mode; else 0)
 	NumRingCounters                            // number of ring counters in this version
 )
 
@@ -294,6 +296,9 @@ const (
 	ringCounterOff = 128
 	ringCounterCap = (RingBlockSize - ringCounterOff) / 8
 )
+
+// IsGauge reports whether c is a value at the snapshot rather than a count.
+func (c RingCounter) IsGauge() bool { return c == RingHWTSMode || c == RingHWTSErrorNs }
 
 // RingCounters are one ring's counters.
 type RingCounters [NumRingCounters]uint64
@@ -305,7 +310,7 @@ var ringCounterNames = [NumRingCounters]string{
 	"completion_starved", "kicks", "invalid_descs", "reasm_reassembled", "reasm_timeouts", "reasm_evicted",
 	"reasm_overlaps", "reasm_invalid", "reasm_too_big", "xdp_redirected", "xdp_passed", "xdp_no_socket",
 	"xdp_fragments", "xdp_malformed", "dev_mem_staged_packets", "dev_mem_staged_bytes", "dev_mem_inline",
-	"dev_mem_oob", "dev_mem_errors",
+	"dev_mem_oob", "dev_mem_errors", "hw_ts_mode", "hw_ts_error_ns",
 }
 
 func (c RingCounter) String() string {

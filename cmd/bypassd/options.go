@@ -18,6 +18,7 @@ import (
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/daemon"
 	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/ring/tsconv"
 	"github.com/bypassd/bypassd/stats"
 )
 
@@ -133,6 +134,13 @@ var settings = []setting{
 			}
 			o.cfg.XDPMode = m
 			return nil
+		}},
+	{name: "hw-ts-conversion", arg: "MODE", def: "3",
+		usage: "hardware timestamp conversion: 0 disable, 1 raw, 2 best, 3 sync to system, 4 ptp (lowered to what every interface supports)",
+		apply: func(o *options, v string) error {
+			m, err := tsconv.ParseMode(v)
+			o.cfg.HWTSConversion = &m
+			return err
 		}},
 	{name: "cpus", arg: "LIST", def: "(no pinning)",
 		usage: "CPUs the ring engine threads run on, e.g. 2,3 or 2-5",

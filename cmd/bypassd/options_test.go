@@ -13,6 +13,7 @@ import (
 
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/ring/tsconv"
 )
 
 func env(m map[string]string) func(string) string {
@@ -46,6 +47,23 @@ func TestOptionsAll(t *testing.T) {
 		c.MaxQueueMemory != 1<<30 || c.Frames != 1024 || c.XDPMode != bpf.ModeGeneric ||
 		!slices.Equal(c.CPUs, []int{1, 3, 4}) || o.logLevel != zapcore.DebugLevel || o.logFormat != "console" {
 		t.Errorf("parsed %+v (level %v format %s)", c, o.logLevel, o.logFormat)
+	}
+}
+
+func TestHWTSConversionOption(t *testing.T) {
+	o, err := parseOptions([]string{"-i", "eth1"}, env(nil))
+	if err != nil || o.cfg.HWTSConversion != nil {
+		t.Fatalf("default: %v %v (nil means the daemon's default, 3)", o.cfg.HWTSConversion, err)
+	}
+	for args, want := range map[string]tsconv.Mode{"0": tsconv.ModeDisable, "2": tsconv.ModeBest, "ptp": tsconv.ModePTP} {
+		o, err := parseOptions([]string{"-i", "eth1", "--hw-ts-conversion", args}, env(nil))
+		if err != nil || o.cfg.HWTSConversion == nil || *o.cfg.HWTSConversion != want {
+			t.Errorf("--hw-ts-conversion %s: %v %v", args, o.cfg.HWTSConversion, err)
+		}
+	}
+	o, err = parseOptions(nil, env(map[string]string{"BYPASSD_INTERFACES": "eth1", "BYPASSD_HW_TS_CONVERSION": "1"}))
+	if err != nil || o.cfg.HWTSConversion == nil || *o.cfg.HWTSConversion != tsconv.ModeRaw {
+		t.Errorf("BYPASSD_HW_TS_CONVERSION=1: %v %v", o.cfg.HWTSConversion, err)
 	}
 }
 
@@ -161,6 +179,7 @@ func TestOptionErrors(t *testing.T) {
 		{args: []string{"-i", "eth1", "--frames", "100"}, err: "power of two"},
 		{args: []string{"-i", "eth1", "--xdp-mode", "fast"}, err: "auto, native or generic"},
 		{args: []string{"-i", "eth1", "--cpus", "3-1"}, err: "CPU or range"},
+		{args: []string{"-i", "eth1", "--hw-ts-conversion", "5"}, err: "0 (disable), 1 (raw), 2 (best), 3 (sync, the default) or 4 (ptp)"},
 		{args: []string{"-i", "eth1", "--log-level", "loud"}, err: "debug, info, warn or error"},
 		{args: []string{"-i", "eth1", "--log-format", "xml"}, err: "json or console"},
 		{args: []string{"-i", "eth1", "--socket", "a", "--socket", "b"}, err: "given twice"},
