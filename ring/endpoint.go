@@ -513,8 +513,14 @@ func (r *Ring) udpFlow(dst netip.AddrPort) qp.Flow {
 // already use it (reuse-address binds, common groups). Holds r.mu.
 func (r *Ring) addFlowLocked(f qp.Flow) error {
 	if r.flowRefs[f] == 0 {
-		if err := r.steer.AddFlow(f); err != nil {
-			return err
+		steers := r.steeringsLocked()
+		for i, s := range steers {
+			if err := s.AddFlow(f); err != nil {
+				for _, added := range steers[:i] {
+					_ = added.DeleteFlow(f)
+				}
+				return err
+			}
 		}
 	}
 	r.flowRefs[f]++
@@ -532,7 +538,9 @@ func (r *Ring) delFlowLocked(f qp.Flow) {
 		return
 	}
 	delete(r.flowRefs, f)
-	if err := r.steer.DeleteFlow(f); err != nil {
-		r.log.Warn("delete steering entry failed", zap.Stringer("flow", f), zap.Error(err))
+	for _, s := range r.steeringsLocked() {
+		if err := s.DeleteFlow(f); err != nil {
+			r.log.Warn("delete steering entry failed", zap.Stringer("flow", f), zap.Error(err))
+		}
 	}
 }

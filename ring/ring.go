@@ -52,6 +52,9 @@ type Config struct {
 	// Provider names the raw queue pair backend (see RegisterProvider):
 	// "afxdp" (the default when empty).
 	Provider string
+	// Fallback is what happens when the provider's path is unavailable or
+	// lost (default FallbackNone; the daemon's default is FallbackAuto).
+	Fallback Fallback
 
 	// Frames and FrameSize size the provider's buffer pool (afxdp
 	// defaults: 4096 frames of 2048 bytes).
@@ -135,10 +138,11 @@ type Ring struct {
 	mac     net.HardwareAddr
 	ns      netns.NsHandle
 	prov    qp.Provider
-	steer   qp.Steering
-	hw      *hwClock // nil: no hardware timestamps
-	res     *route.Resolver
-	nl      *netlink.Handle
+	// fb holds the ring's paths: the fast path and the TAP fallback.
+	fb  fallbackState
+	hw  *hwClock // nil: no hardware timestamps
+	res *route.Resolver
+	nl  *netlink.Handle
 
 	// mu serializes endpoint registration, steering changes and ring close.
 	mu     sync.Mutex
@@ -224,15 +228,14 @@ func Open(cfg Config) (_ *Ring, err error) {
 		cfg.Provider = DefaultProvider
 		r.cfg.Provider = DefaultProvider
 	}
-	p, err := openPath(cfg.Provider, PathConfig{Interface: cfg.Interface, Ifindex: r.ifindex, Queue: cfg.Queue,
+	pc := PathConfig{Interface: cfg.Interface, Ifindex: r.ifindex, Queue: cfg.Queue,
 		MAC: r.mac, MTU: r.mtu, NS: r.ns, Frames: cfg.Frames, FrameSize: cfg.FrameSize, Copy: cfg.Copy,
 		XDPMode: cfg.XDPMode, DeviceMemory: cfg.DevMemTX, HWTimestamps: cfg.HWTimestamps != tsconv.ModeDisable,
-		Log: r.log})
-	if err != nil {
-		return nil, fmt.Errorf("ring %s/%d: %s: %w", cfg.Interface, cfg.Queue, cfg.Provider, err)
+		Log: r.log}
+	if err = r.openPaths(pc); err != nil {
+		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
 	}
-	r.prov, r.steer = p.prov, p.steer
-	cleanups = append(cleanups, func() { _ = p.close() })
+	cleanups = append(cleanups, func() { _ = r.closePaths() })
 	caps := r.prov.Caps()
 	if max := caps.FrameSize - 256 - 18; r.mtu > max {
 		return nil, fmt.Errorf("ring %s/%d: MTU %d is larger than a %d-byte frame can receive (max %d): lower the MTU or raise the frame size", cfg.Interface, cfg.Queue, r.mtu, caps.FrameSize, max)
@@ -277,6 +280,7 @@ func Open(cfg Config) (_ *Ring, err error) {
 		go r.hw.run(r.ctx)
 	}
 	go r.run()
+	r.startWatch()
 	return r, nil
 }
 
@@ -299,14 +303,21 @@ func (r *Ring) Endpoints() int { return len(r.table.Load().all) }
 // Program returns the XDP steering program the ring uses, nil when its
 // provider is steered otherwise.
 func (r *Ring) Program() *bpf.Program {
-	if s, ok := r.steer.(*xdpSteering); ok {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s, ok := r.mainSteeringLocked().(*xdpSteering); ok {
 		return s.prog
 	}
 	return nil
 }
 
-// Flows lists the flows steered to the ring, as the kernel reports them.
-func (r *Ring) Flows() ([]qp.Flow, error) { return r.steer.Flows() }
+// Flows lists the flows steered to the ring, as the kernel reports them
+// (the fast path's steering; the TAP's without one).
+func (r *Ring) Flows() ([]qp.Flow, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mainSteeringLocked().Flows()
+}
 
 // Done is closed when the engine has stopped: after Close, or when it failed
 // (then Err says why).
@@ -344,7 +355,10 @@ func (r *Ring) Close() error {
 		<-r.hw.done
 		errs = append(errs, r.hw.close())
 	}
-	errs = append(errs, path{prov: r.prov, steer: r.steer}.close())
+	if r.fb.done != nil {
+		<-r.fb.done
+	}
+	errs = append(errs, r.closePaths())
 	errs = append(errs, r.res.Close())
 	errs = append(errs, r.doorbell.Close())
 	r.nl.Close()

@@ -130,80 +130,94 @@ var families = []family{
 	{"ipv6", (*netlab.Link).Addr6},
 }
 
+// paths are the ways a ring moves frames; tests that must hold on each run
+// once per path.
+var paths = []struct {
+	name string
+	cfg  ring.Config
+}{
+	{"afxdp", ring.Config{}},
+	{"tap", ring.Config{Fallback: ring.FallbackTAP}},
+}
+
 func TestKernelToRing(t *testing.T) {
 	for _, fam := range families {
-		t.Run(fam.name, func(t *testing.T) {
-			t.Parallel()
-			l := newLab(t, ring.Config{})
-			ep := l.bind(t, netip.AddrPortFrom(fam.addr(l.p.A), 0))
-			sender := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(fam.addr(l.p.B), 0))
-			const perSize = 200
-			buf := make([]byte, 70000)
-			for _, size := range sizes {
-				for i := 0; i < perSize; i++ {
-					want := payload(i, size)
-					if _, err := sender.WriteToUDPAddrPort(want, ep.LocalAddr()); err != nil {
-						t.Fatalf("kernel send: %v", err)
-					}
-					n, from, err := ep.Recv(buf, time.Now().Add(5*time.Second))
-					if err != nil {
-						t.Fatalf("size %d datagram %d: recv: %v (ring stats %+v)", size, i, err, l.r.Stats())
-					}
-					if !bytes.Equal(buf[:n], want) {
-						t.Fatalf("size %d datagram %d: payload differs (got %d bytes)", size, i, n)
-					}
-					if from != netip.AddrPortFrom(fam.addr(l.p.B), sender.LocalAddr().(*net.UDPAddr).AddrPort().Port()) {
-						t.Fatalf("sender address %v", from)
+		for _, path := range paths {
+			t.Run(fam.name+"/"+path.name, func(t *testing.T) {
+				t.Parallel()
+				l := newLab(t, path.cfg)
+				ep := l.bind(t, netip.AddrPortFrom(fam.addr(l.p.A), 0))
+				sender := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(fam.addr(l.p.B), 0))
+				const perSize = 200
+				buf := make([]byte, 70000)
+				for _, size := range sizes {
+					for i := 0; i < perSize; i++ {
+						want := payload(i, size)
+						if _, err := sender.WriteToUDPAddrPort(want, ep.LocalAddr()); err != nil {
+							t.Fatalf("kernel send: %v", err)
+						}
+						n, from, err := ep.Recv(buf, time.Now().Add(5*time.Second))
+						if err != nil {
+							t.Fatalf("size %d datagram %d: recv: %v (ring stats %+v)", size, i, err, l.r.Stats())
+						}
+						if !bytes.Equal(buf[:n], want) {
+							t.Fatalf("size %d datagram %d: payload differs (got %d bytes)", size, i, n)
+						}
+						if from != netip.AddrPortFrom(fam.addr(l.p.B), sender.LocalAddr().(*net.UDPAddr).AddrPort().Port()) {
+							t.Fatalf("sender address %v", from)
+						}
 					}
 				}
-			}
-			if got := l.r.Stats().RXPackets.Load(); got != uint64(perSize*len(sizes)) {
-				t.Errorf("ring RXPackets = %d, want %d", got, perSize*len(sizes))
-			}
-			if got := l.r.ReassemblyStats().Reassembled; got != perSize {
-				t.Errorf("reassembled %d datagrams, want %d", got, perSize)
-			}
-		})
+				if got := l.r.Stats().RXPackets.Load(); got != uint64(perSize*len(sizes)) {
+					t.Errorf("ring RXPackets = %d, want %d", got, perSize*len(sizes))
+				}
+				if got := l.r.ReassemblyStats().Reassembled; got != perSize {
+					t.Errorf("reassembled %d datagrams, want %d", got, perSize)
+				}
+			})
+		}
 	}
 }
 
 func TestRingToKernel(t *testing.T) {
 	for _, fam := range families {
-		t.Run(fam.name, func(t *testing.T) {
-			t.Parallel()
-			l := newLab(t, ring.Config{})
-			ep := l.bind(t, netip.AddrPortFrom(fam.addr(l.p.A), 0))
-			recv := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(fam.addr(l.p.B), 0))
-			dst := recv.LocalAddr().(*net.UDPAddr).AddrPort()
-			csumBefore := udpStat(t, l.p.B.NS, fam.name == "ipv6", "InCsumErrors")
-			const perSize = 200
-			buf := make([]byte, 70000)
-			for _, size := range sizes {
-				for i := 0; i < perSize; i++ {
-					want := payload(i, size)
-					if err := ep.Send(want, dst, time.Time{}); err != nil {
-						t.Fatalf("ring send: %v", err)
-					}
-					_ = recv.SetReadDeadline(time.Now().Add(5 * time.Second))
-					n, from, err := recv.ReadFromUDPAddrPort(buf)
-					if err != nil {
-						t.Fatalf("size %d datagram %d: kernel recv: %v (ring stats %+v)", size, i, err, l.r.Stats())
-					}
-					if !bytes.Equal(buf[:n], want) {
-						t.Fatalf("size %d datagram %d: payload differs (got %d bytes)", size, i, n)
-					}
-					if from.Port() != ep.LocalAddr().Port() || from.Addr().Unmap() != fam.addr(l.p.A) {
-						t.Fatalf("source address %v, want %v", from, ep.LocalAddr())
+		for _, path := range paths {
+			t.Run(fam.name+"/"+path.name, func(t *testing.T) {
+				t.Parallel()
+				l := newLab(t, path.cfg)
+				ep := l.bind(t, netip.AddrPortFrom(fam.addr(l.p.A), 0))
+				recv := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(fam.addr(l.p.B), 0))
+				dst := recv.LocalAddr().(*net.UDPAddr).AddrPort()
+				csumBefore := udpStat(t, l.p.B.NS, fam.name == "ipv6", "InCsumErrors")
+				const perSize = 200
+				buf := make([]byte, 70000)
+				for _, size := range sizes {
+					for i := 0; i < perSize; i++ {
+						want := payload(i, size)
+						if err := ep.Send(want, dst, time.Time{}); err != nil {
+							t.Fatalf("ring send: %v", err)
+						}
+						_ = recv.SetReadDeadline(time.Now().Add(5 * time.Second))
+						n, from, err := recv.ReadFromUDPAddrPort(buf)
+						if err != nil {
+							t.Fatalf("size %d datagram %d: kernel recv: %v (ring stats %+v)", size, i, err, l.r.Stats())
+						}
+						if !bytes.Equal(buf[:n], want) {
+							t.Fatalf("size %d datagram %d: payload differs (got %d bytes)", size, i, n)
+						}
+						if from.Port() != ep.LocalAddr().Port() || from.Addr().Unmap() != fam.addr(l.p.A) {
+							t.Fatalf("source address %v, want %v", from, ep.LocalAddr())
+						}
 					}
 				}
-			}
-			if after := udpStat(t, l.p.B.NS, fam.name == "ipv6", "InCsumErrors"); after != csumBefore {
-				t.Errorf("receiver counted %d UDP checksum errors", after-csumBefore)
-			}
-			if got := l.r.Stats().TXFragments.Load(); got == 0 {
-				t.Errorf("8000-byte datagrams were not fragmented")
-			}
-		})
+				if after := udpStat(t, l.p.B.NS, fam.name == "ipv6", "InCsumErrors"); after != csumBefore {
+					t.Errorf("receiver counted %d UDP checksum errors", after-csumBefore)
+				}
+				if got := l.r.Stats().TXFragments.Load(); got == 0 {
+					t.Errorf("8000-byte datagrams were not fragmented")
+				}
+			})
+		}
 	}
 }
 

@@ -52,7 +52,7 @@ func Create(cfg DeviceConfig) (_ *Device, err error) {
 		return nil, fmt.Errorf("tap: invalid device name %q (1-15 bytes, no slash or space)", cfg.Name)
 	}
 	if cfg.TxQueueLen == 0 {
-		cfg.TxQueueLen = 4096
+		cfg.TxQueueLen = 8192
 	}
 	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {

@@ -17,9 +17,14 @@ import (
 // Steering directs flows arriving on a NIC to one TAP device, and the
 // TAP's output to the NIC. It implements qp.Steering for the TAP path.
 type Steering struct {
-	ifc    *iface
-	tap    *Device
-	flows  map[qp.Flow]bool
+	ifc   *iface
+	tap   *Device
+	flows map[qp.Flow]bool
+	// active: the TAP path carries the flows now. A standby steering has
+	// its flow filters installed (harmless while XDP takes the flows
+	// first) but no fragment filters, which would take fragments the XDP
+	// program passes to the kernel.
+	active bool
 	closed bool
 }
 
@@ -33,7 +38,7 @@ func NewSteering(ns netns.NsHandle, nicIfindex int, dev *Device) (_ *Steering, e
 	if err != nil {
 		return nil, err
 	}
-	s := &Steering{ifc: ifc, tap: dev, flows: map[qp.Flow]bool{}}
+	s := &Steering{ifc: ifc, tap: dev, flows: map[qp.Flow]bool{}, active: true}
 	defer func() {
 		if err != nil {
 			ifaces.Lock()
@@ -82,7 +87,7 @@ func (s *Steering) AddFlow(f qp.Flow) (err error) {
 	if err != nil {
 		return fmt.Errorf("tap: %s: %w", ifc.name, err)
 	}
-	at, err := ifc.addrFor(fam, f.Dst.Addr(), s)
+	at, err := ifc.addrFor(fam, f.Dst.Addr())
 	if err != nil {
 		ifc.dropEmpty(fam, nil)
 		return fmt.Errorf("tap: %s: %w", ifc.name, err)
@@ -104,7 +109,42 @@ func (s *Steering) AddFlow(f qp.Flow) (err error) {
 	at.flows[f] = &flowFilter{handle: h, owner: s}
 	at.used[h] = true
 	s.flows[f] = true
+	if err := ifc.syncFrag(fam, at); err != nil {
+		return fmt.Errorf("tap: %s: %w", ifc.name, err)
+	}
 	return nil
+}
+
+// SetActive tells whether the TAP path carries the flows now (see
+// Steering.active); a new steering is active. Activating installs the
+// fragment filters of its addresses.
+func (s *Steering) SetActive(on bool) error {
+	ifaces.Lock()
+	defer ifaces.Unlock()
+	if s.closed || s.active == on {
+		return nil
+	}
+	s.active = on
+	var errs []error
+	for _, fam := range s.ifc.fams {
+		if fam == nil {
+			continue
+		}
+		for _, at := range fam.addrs {
+			errs = append(errs, s.ifc.syncFrag(fam, at))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("tap: %s: %w", s.ifc.name, err)
+	}
+	return nil
+}
+
+// Active reports whether the steering is active (see SetActive).
+func (s *Steering) Active() bool {
+	ifaces.Lock()
+	defer ifaces.Unlock()
+	return s.active
 }
 
 // dropEmpty removes an address table without flows and a classifier
@@ -153,29 +193,13 @@ func (s *Steering) deleteLocked(f qp.Flow) error {
 		if len(fam.addrs) == 0 {
 			errs = append(errs, ifc.dropFamily(fam))
 		}
-	} else if at.fragTo == s && !s.hasFlowTo(at) {
-		// Fragments follow a ring that still steers the address.
-		for _, other := range at.flows {
-			at.fragTo = other.owner
-			break
-		}
-		frag := ifc.fragFilter(fam, at, at.fragTo)
-		ifc.mark(frag)
-		errs = append(errs, ifc.nl.FilterReplace(frag))
+	} else {
+		errs = append(errs, ifc.syncFrag(fam, at))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("tap: %s: delete flow %v: %w", ifc.name, f, err)
 	}
 	return nil
-}
-
-func (s *Steering) hasFlowTo(at *addrTable) bool {
-	for _, ff := range at.flows {
-		if ff.owner == s {
-			return true
-		}
-	}
-	return false
 }
 
 // Flows lists the flows whose filters redirect to this TAP, decoded from

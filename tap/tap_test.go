@@ -219,6 +219,23 @@ func TestSteering(t *testing.T) {
 		t.Errorf("tc lists %d redirects to %s, want 6 (4 flows, 2 fragment filters):\n%s", got, fb.dev.Name(), show)
 	}
 
+	// A standby steering keeps its flow filters but takes no fragments.
+	redirects := func() int {
+		return strings.Count(fb.tc(t, "filter", "show", "dev", fb.p.A.Name, "ingress"), "Egress Redirect to device "+fb.dev.Name())
+	}
+	if err := fb.s.SetActive(false); err != nil {
+		t.Fatal(err)
+	}
+	if got := redirects(); got != 4 {
+		t.Errorf("standby: %d redirects, want the 4 flow filters", got)
+	}
+	if err := fb.s.SetActive(true); err != nil {
+		t.Fatal(err)
+	}
+	if got := redirects(); got != 6 {
+		t.Errorf("active again: %d redirects, want 6", got)
+	}
+
 	// Deleting flows and closing leaves nothing behind.
 	for f := range want {
 		if err := fb.s.DeleteFlow(f); err != nil {

@@ -103,7 +103,8 @@ type addrTable struct {
 	ht    uint32 // hash table handle
 	slot  int
 	flows map[qp.Flow]*flowFilter
-	// fragTo is the steering whose TAP receives the address's fragments.
+	// fragTo is the steering whose TAP receives the address's fragments
+	// (nil: no fragment filter installed; see syncFrag).
 	fragTo *Steering
 	used   map[uint32]bool // node handles in use
 }
@@ -202,7 +203,7 @@ func (ifc *iface) dropFamily(fam *family) error {
 
 // addrFor returns the hash table of address a, creating it and the
 // address's filters in the entry table.
-func (ifc *iface) addrFor(fam *family, a netip.Addr, s *Steering) (*addrTable, error) {
+func (ifc *iface) addrFor(fam *family, a netip.Addr) (*addrTable, error) {
 	if at := fam.addrs[a]; at != nil {
 		return at, nil
 	}
@@ -220,7 +221,7 @@ func (ifc *iface) addrFor(fam *family, a netip.Addr, s *Steering) (*addrTable, e
 	if err != nil {
 		return nil, fmt.Errorf("hash table for %v: %w", a, err)
 	}
-	at := &addrTable{addr: a, ht: ht, slot: slot, flows: map[qp.Flow]*flowFilter{}, used: map[uint32]bool{}, fragTo: s}
+	at := &addrTable{addr: a, ht: ht, slot: slot, flows: map[qp.Flow]*flowFilter{}, used: map[uint32]bool{}}
 	fail := func(err error) (*addrTable, error) {
 		ifc.dropAddr(fam, at)
 		return nil, fmt.Errorf("filters for %v: %w", a, err)
@@ -240,12 +241,56 @@ func (ifc *iface) addrFor(fam *family, a netip.Addr, s *Steering) (*addrTable, e
 			return fail(err)
 		}
 	}
-	if err := ifc.add(ifc.fragFilter(fam, at, s)); err != nil {
-		return fail(err)
-	}
 	fam.slots[slot] = true
 	fam.addrs[a] = at
 	return at, nil
+}
+
+// syncFrag installs, moves or removes the address's fragment filter: its
+// fragments go to an active steering that has flows to the address (the
+// current one while it qualifies), and to the kernel when there is none,
+// so a standby TAP path takes no fragments from the XDP path.
+func (ifc *iface) syncFrag(fam *family, at *addrTable) error {
+	qualifies := func(s *Steering) bool {
+		if s == nil || !s.active {
+			return false
+		}
+		for _, ff := range at.flows {
+			if ff.owner == s {
+				return true
+			}
+		}
+		return false
+	}
+	want := at.fragTo
+	if !qualifies(want) {
+		want = nil
+		for _, ff := range at.flows {
+			if qualifies(ff.owner) {
+				want = ff.owner
+				break
+			}
+		}
+	}
+	if want == at.fragTo {
+		return nil
+	}
+	var err error
+	switch {
+	case want == nil:
+		err = ifc.del(fam, fam.entry|uint32(at.slot*entryNodes+3))
+	case at.fragTo == nil:
+		err = ifc.add(ifc.fragFilter(fam, at, want))
+	default:
+		f := ifc.fragFilter(fam, at, want)
+		ifc.mark(f)
+		err = ifc.nl.FilterReplace(f)
+	}
+	if err != nil {
+		return fmt.Errorf("fragment filter of %v: %w", at.addr, err)
+	}
+	at.fragTo = want
+	return nil
 }
 
 // fragFilter redirects the address's UDP fragments to s's TAP.

@@ -1,0 +1,659 @@
+package ring
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/ring/qp"
+	taprov "github.com/bypassd/bypassd/ring/tap"
+	"github.com/bypassd/bypassd/tap"
+)
+
+// Fallback selects what a ring does when its fast path (XDP + AF_XDP, or
+// another provider's) is unavailable or lost.
+type Fallback int
+
+const (
+	// FallbackNone: no TAP path; a ring whose provider fails stops with
+	// an error.
+	FallbackNone Fallback = iota
+	// FallbackAuto: a standby TAP path with its tc filters installed is
+	// kept ready; the ring switches its flows to it when the fast path is
+	// lost (the XDP program detached, the AF_XDP socket failing) and back
+	// when the fast path can be opened again. A fast path that cannot be
+	// opened at all starts the ring on the TAP path.
+	FallbackAuto
+	// FallbackTAP: the TAP path only (NICs without XDP). Same as
+	// Config.Provider "tap".
+	FallbackTAP
+)
+
+func (f Fallback) String() string {
+	switch f {
+	case FallbackNone:
+		return "none"
+	case FallbackAuto:
+		return "auto"
+	case FallbackTAP:
+		return "tap"
+	}
+	return fmt.Sprintf("fallback(%d)", int(f))
+}
+
+// ParseFallback reads "none", "auto" or "tap".
+func ParseFallback(s string) (Fallback, error) {
+	switch strings.ToLower(s) {
+	case "none":
+		return FallbackNone, nil
+	case "auto":
+		return FallbackAuto, nil
+	case "tap":
+		return FallbackTAP, nil
+	}
+	return 0, fmt.Errorf("fallback %q: use none, auto or tap", s)
+}
+
+// Timing of the fallback watcher. The health check is one bpf(2) or
+// netlink call; every millisecond keeps the switch well under the 10 ms the
+// design targets without measurable load.
+const (
+	healthEvery = time.Millisecond
+	// restoreDelay is how long the ring stays on the TAP path before it
+	// tries to open the fast path again, and the first retry interval
+	// (doubling up to restoreMaxDelay while it fails).
+	restoreDelay    = time.Second
+	restoreMaxDelay = 10 * time.Second
+	// drainWindow is how long after a switch the engine still reads the
+	// path it left, for frames that were already queued there.
+	drainWindow = 200 * time.Millisecond
+)
+
+// FallbackStats are a ring's fallback counters (VMA's TAP and VF plug-out
+// lines).
+type FallbackStats struct {
+	// Mode is the configured fallback.
+	Mode Fallback
+	// OnTAP reports whether the TAP path carries the flows now.
+	OnTAP bool
+	// Plugouts counts switches to the TAP path, Plugins switches back.
+	Plugouts, Plugins uint64
+	// TAPFD and TAPIfindex identify the TAP (-1 and 0 without one).
+	TAPFD, TAPIfindex int
+	// TAPName is the TAP device's name ("" without one).
+	TAPName string
+	// RX/TX packets and bytes moved through the TAP.
+	RXPackets, RXBytes, TXPackets, TXBytes uint64
+	// TXDropped counts frames built for the lost fast path and dropped
+	// at the switch.
+	TXDropped uint64
+}
+
+// fallbackState is the ring's paths: the fast path (prim) and the TAP path
+// (standby), either of which may be absent.
+type fallbackState struct {
+	mode Fallback
+	// prim is guarded by Ring.mu (the engine uses fp's copy).
+	prim    *path
+	standby *path
+	tapProv *taprov.Provider
+	tapDev  *tap.Device
+	fp      *fallbackProvider
+	pc      PathConfig
+	name    string // the fast path's provider name
+	done    chan struct{}
+}
+
+// openPaths opens the ring's paths for cfg's provider and fallback, and
+// sets r.prov to what the engine drives.
+func (r *Ring) openPaths(pc PathConfig) (err error) {
+	fs := &r.fb
+	fs.mode, fs.pc, fs.name = r.cfg.Fallback, pc, r.cfg.Provider
+	if fs.name == taprov.Name {
+		fs.mode = FallbackTAP
+	}
+	defer func() {
+		if err != nil {
+			r.closePaths()
+		}
+	}()
+	if fs.mode != FallbackTAP {
+		p, err := openPath(fs.name, pc)
+		switch {
+		case err == nil:
+			fs.prim = &p
+		case fs.mode == FallbackNone:
+			return fmt.Errorf("%s: %w", fs.name, err)
+		default:
+			r.log.Warn("fast path unavailable: starting on the TAP path", zap.String("provider", fs.name), zap.Error(err))
+		}
+	}
+	if fs.mode == FallbackNone {
+		r.prov = fs.prim.prov
+		// Leftovers of a dead daemon's TAP path would steal fragments
+		// and unsteered ports' traffic from the kernel.
+		if n, err := tap.Sweep(pc.NS, pc.Ifindex); err != nil {
+			r.log.Warn("cannot check for a dead daemon's TAP filters", zap.Error(err))
+		} else if n > 0 {
+			r.log.Info("removed a dead daemon's TAP fallback filters", zap.Int("classifiers", n))
+		}
+		return nil
+	}
+	p, err := openPath(taprov.Name, pc)
+	if err != nil {
+		return fmt.Errorf("TAP path: %w", err)
+	}
+	fs.standby = &p
+	fs.tapProv = p.prov.(*taprov.Provider)
+	fs.tapDev = fs.tapProv.Device()
+	if fs.mode == FallbackTAP {
+		r.prov = p.prov
+		return nil
+	}
+	var prim qp.Provider
+	if fs.prim != nil {
+		prim = fs.prim.prov
+		if err := p.steer.(*tap.Steering).SetActive(false); err != nil {
+			return fmt.Errorf("TAP path: %w", err)
+		}
+	}
+	fs.fp = newFallbackProvider(prim, p.prov, r)
+	r.prov = fs.fp
+	return nil
+}
+
+// startWatch starts the health watcher of an auto fallback.
+func (r *Ring) startWatch() {
+	if r.fb.fp == nil {
+		return
+	}
+	r.fb.done = make(chan struct{})
+	go r.watch()
+}
+
+// closePaths closes both paths (after the engine and the watcher stopped).
+func (r *Ring) closePaths() error {
+	var errs []error
+	if r.fb.prim != nil {
+		errs = append(errs, r.fb.prim.close())
+		r.fb.prim = nil
+	}
+	if r.fb.standby != nil {
+		errs = append(errs, r.fb.standby.close())
+		r.fb.standby = nil
+	}
+	return errors.Join(errs...)
+}
+
+// steerings lists the steerings flows must be added to. Holds r.mu.
+func (r *Ring) steeringsLocked() []qp.Steering {
+	var out []qp.Steering
+	if r.fb.prim != nil {
+		out = append(out, r.fb.prim.steer)
+	}
+	if r.fb.standby != nil {
+		out = append(out, r.fb.standby.steer)
+	}
+	return out
+}
+
+// mainSteeringLocked is the steering Flows and Program report: the fast
+// path's, or the TAP's without one. Holds r.mu.
+func (r *Ring) mainSteeringLocked() qp.Steering {
+	if r.fb.prim != nil {
+		return r.fb.prim.steer
+	}
+	return r.fb.standby.steer
+}
+
+// FallbackStats returns the ring's fallback counters.
+func (r *Ring) FallbackStats() FallbackStats {
+	fs := &r.fb
+	st := FallbackStats{Mode: fs.mode, TAPFD: -1, OnTAP: fs.mode == FallbackTAP}
+	if fs.tapProv != nil {
+		st.TAPFD, st.TAPIfindex, st.TAPName = fs.tapDev.FD(), fs.tapDev.Ifindex(), fs.tapDev.Name()
+		ps := fs.tapProv.Stats()
+		st.RXPackets, st.TXPackets = ps.RXPackets, ps.TXPackets
+		st.RXBytes, st.TXBytes = fs.tapProv.Bytes()
+	}
+	if fp := fs.fp; fp != nil {
+		st.OnTAP = fp.onTAP.Load()
+		st.Plugouts, st.Plugins, st.TXDropped = fp.plugouts.Load(), fp.plugins.Load(), fp.txDropped.Load()
+	}
+	return st
+}
+
+// watch is the auto fallback's watcher: it checks the fast path's health
+// every healthEvery, asks the engine to switch to the TAP path when it is
+// lost, closes the lost path and reopens it (after restoreDelay, retrying
+// with backoff), then asks the engine to switch back.
+func (r *Ring) watch() {
+	defer close(r.fb.done)
+	fs, fp := &r.fb, r.fb.fp
+	tick := time.NewTicker(healthEvery)
+	defer tick.Stop()
+	retry := restoreDelay
+	lost := fp.wantTAP.Load() // the fast path did not even open
+	var lostAt time.Time
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if !lost {
+			var why error
+			if p := fp.primErr.Load(); p != nil {
+				why = *p
+			} else {
+				r.mu.Lock()
+				prim := fs.prim
+				r.mu.Unlock()
+				if prim != nil {
+					why = prim.steer.Healthy()
+				}
+			}
+			if why == nil {
+				continue
+			}
+			r.plugOut(why)
+			lost, lostAt, retry = true, time.Now(), restoreDelay
+			continue
+		}
+		if time.Since(lostAt) < retry {
+			continue
+		}
+		if err := r.restore(); err != nil {
+			r.log.Debug("fast path not restored yet", zap.Error(err), zap.Duration("retry_in", retry))
+			lostAt = time.Now()
+			retry = min(2*retry, restoreMaxDelay)
+			continue
+		}
+		lost = false
+	}
+}
+
+// plugOut moves the flows to the TAP path: fragments to the TAP, then the
+// engine switches at its next iteration (woken by the doorbell).
+func (r *Ring) plugOut(why error) {
+	fp := r.fb.fp
+	if err := r.fb.standby.steer.(*tap.Steering).SetActive(true); err != nil {
+		r.log.Warn("TAP path: cannot steer fragments", zap.Error(err))
+	}
+	fp.wantTAP.Store(true)
+	r.doorbell.Wake()
+	r.log.Warn("fast path lost: flows moved to the TAP path", zap.Error(why), zap.String("tap", r.fb.tapDev.Name()))
+}
+
+// restore closes the lost fast path, opens it again with every flow and
+// switches the engine back to it.
+func (r *Ring) restore() error {
+	fs, fp := &r.fb, r.fb.fp
+	// The engine lets go of the old provider first (it may still hold
+	// its frames for a moment); then it can be closed, which frees its
+	// queue for the new one.
+	if !fp.releasePrim() {
+		return errRingClosed
+	}
+	r.mu.Lock()
+	old := fs.prim
+	fs.prim = nil
+	r.mu.Unlock()
+	if old != nil {
+		if err := old.close(); err != nil {
+			r.log.Debug("closing the lost fast path", zap.Error(err))
+		}
+	}
+	var p path
+	err := inNS(r.ns, func() error {
+		var err error
+		p, err = openPath(fs.name, fs.pc)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	for f := range r.flowRefs {
+		if err := p.steer.AddFlow(f); err != nil {
+			r.mu.Unlock()
+			_ = p.close()
+			return fmt.Errorf("steer %v: %w", f, err)
+		}
+	}
+	fs.prim = &p
+	r.mu.Unlock()
+	fp.primErr.Store(nil)
+	fp.newPrim.Store(&p)
+	fp.wantTAP.Store(false)
+	r.doorbell.Wake()
+	// Fragments back to the fast path once the engine switched.
+	for fp.onTAP.Load() && r.ctx.Err() == nil {
+		time.Sleep(100 * time.Microsecond)
+	}
+	if err := fs.standby.steer.(*tap.Steering).SetActive(false); err != nil {
+		r.log.Warn("TAP path: cannot release fragments", zap.Error(err))
+	}
+	r.log.Info("fast path restored: flows moved back from the TAP path", zap.String("provider", fs.name))
+	return nil
+}
+
+// inNS runs fn on a thread in ns (netns.None(): this process's namespace).
+func inNS(ns netns.NsHandle, fn func() error) error {
+	if !ns.IsOpen() {
+		return fn()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		// The thread ends with the goroutine (still locked), so no other
+		// goroutine ever runs in ns by accident.
+		runtime.LockOSThread()
+		if err := netns.Set(ns); err != nil {
+			errc <- fmt.Errorf("enter the ring's network namespace: %w", err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// fallbackProvider is the qp.Provider the engine drives under an auto
+// fallback: the fast path's provider (prim) while it works, the TAP's
+// otherwise. It switches only on the engine's thread, at the start of a
+// receive burst, and keeps the two providers' buffers apart by tagging the
+// TAP's frame handles with tapTag.
+type fallbackProvider struct {
+	r   *Ring
+	tap qp.Provider
+	// Engine-owned.
+	prim   qp.Provider
+	onPrim bool
+	// rxOut and txOut count the fast path's frames the engine holds.
+	rxOut, txOut int
+	drainUntil   time.Time
+	scratchA     []qp.Frame
+	scratchB     []qp.Frame
+
+	// Set by the watcher (or the engine on a provider error), applied by
+	// the engine.
+	wantTAP atomic.Bool
+	newPrim atomic.Pointer[path]
+	dropReq atomic.Bool
+	dropped chan struct{}
+	// primErr is why the fast path's provider failed.
+	primErr atomic.Pointer[error]
+
+	onTAP atomic.Bool
+	// caps are the active provider's, for readers on other goroutines.
+	caps                         atomic.Pointer[qp.Caps]
+	plugouts, plugins, txDropped atomic.Uint64
+}
+
+const tapTag = 1 << 63
+
+func newFallbackProvider(prim, tapP qp.Provider, r *Ring) *fallbackProvider {
+	fp := &fallbackProvider{r: r, prim: prim, tap: tapP, onPrim: prim != nil, dropped: make(chan struct{}, 1)}
+	fp.wantTAP.Store(prim == nil)
+	fp.onTAP.Store(prim == nil)
+	fp.setCaps()
+	return fp
+}
+
+func (fp *fallbackProvider) setCaps() {
+	c := fp.active().Caps()
+	fp.caps.Store(&c)
+}
+
+// releasePrim asks the engine to let go of the fast path's provider and
+// reports whether it did (false: the ring is closing).
+func (fp *fallbackProvider) releasePrim() bool {
+	fp.dropReq.Store(true)
+	fp.r.doorbell.Wake()
+	select {
+	case <-fp.dropped:
+		return true
+	case <-fp.r.ctx.Done():
+		return false
+	case <-fp.r.done:
+		return false
+	}
+}
+
+// apply carries out what the watcher asked for. Engine thread.
+func (fp *fallbackProvider) apply() {
+	if fp.dropReq.Load() && fp.txOut == 0 && fp.rxOut == 0 && !fp.onPrim {
+		fp.dropReq.Store(false)
+		fp.prim = nil
+		fp.dropped <- struct{}{}
+	}
+	if p := fp.newPrim.Load(); p != nil && fp.prim == nil {
+		fp.newPrim.Store(nil)
+		fp.prim = p.prov
+	}
+	want := fp.wantTAP.Load()
+	if want == !fp.onPrim || (!want && fp.prim == nil) {
+		return
+	}
+	fp.onPrim = !want
+	fp.onTAP.Store(want)
+	fp.setCaps()
+	if want {
+		fp.plugouts.Add(1)
+	} else {
+		fp.plugins.Add(1)
+	}
+	fp.drainUntil = time.Now().Add(drainWindow)
+}
+
+// fail records a fast-path provider error and switches to the TAP path at
+// once (engine thread). A vanished interface is not something the TAP path
+// can serve: then the error stays fatal.
+func (fp *fallbackProvider) fail(err error) error {
+	if _, lerr := fp.r.nl.LinkByIndex(fp.r.ifindex); lerr != nil {
+		return err
+	}
+	if fp.primErr.Load() == nil {
+		fp.primErr.Store(&err)
+	}
+	fp.wantTAP.Store(true)
+	fp.apply()
+	return nil
+}
+
+func (fp *fallbackProvider) active() qp.Provider {
+	if fp.onPrim {
+		return fp.prim
+	}
+	return fp.tap
+}
+
+// Caps are the active provider's.
+func (fp *fallbackProvider) Caps() qp.Caps { return *fp.caps.Load() }
+
+func (fp *fallbackProvider) rxFrom(p qp.Provider, frames []qp.Frame) int {
+	n := p.RXBurst(frames)
+	if p == fp.tap {
+		for i := range frames[:n] {
+			frames[i].Handle |= tapTag
+		}
+	} else {
+		fp.rxOut += n
+	}
+	return n
+}
+
+// RXBurst reads the active path. Right after a switch it first empties the
+// path it left (those frames are older), until that path has nothing left
+// or drainWindow passed.
+func (fp *fallbackProvider) RXBurst(frames []qp.Frame) int {
+	fp.apply()
+	act := fp.active()
+	n := 0
+	if !fp.drainUntil.IsZero() {
+		other := fp.other(act)
+		if other != nil {
+			n = fp.rxFrom(other, frames)
+		}
+		if n == 0 || time.Now().After(fp.drainUntil) {
+			fp.drainUntil = time.Time{}
+		}
+	}
+	return n + fp.rxFrom(act, frames[n:])
+}
+
+func (fp *fallbackProvider) other(act qp.Provider) qp.Provider {
+	if act == fp.tap {
+		return fp.prim
+	}
+	return fp.tap
+}
+
+// split sorts frames into the TAP's (untagged) and the fast path's.
+func (fp *fallbackProvider) split(frames []qp.Frame) (tapF, primF []qp.Frame) {
+	fp.scratchA, fp.scratchB = fp.scratchA[:0], fp.scratchB[:0]
+	for _, f := range frames {
+		if f.Handle&tapTag != 0 {
+			f.Handle &^= tapTag
+			fp.scratchA = append(fp.scratchA, f)
+		} else {
+			fp.scratchB = append(fp.scratchB, f)
+		}
+	}
+	return fp.scratchA, fp.scratchB
+}
+
+func (fp *fallbackProvider) ReleaseRX(frames []qp.Frame) {
+	t, p := fp.split(frames)
+	if len(t) > 0 {
+		fp.tap.ReleaseRX(t)
+	}
+	if len(p) > 0 {
+		fp.prim.ReleaseRX(p)
+		fp.rxOut -= len(p)
+	}
+}
+
+func (fp *fallbackProvider) AllocTX(frames []qp.Frame) int {
+	act := fp.active()
+	n := act.AllocTX(frames)
+	if act == fp.tap {
+		for i := range frames[:n] {
+			frames[i].Handle |= tapTag
+		}
+	} else {
+		fp.txOut += n
+	}
+	return n
+}
+
+func (fp *fallbackProvider) FreeTX(frames []qp.Frame) {
+	t, p := fp.split(frames)
+	if len(t) > 0 {
+		fp.tap.FreeTX(t)
+	}
+	if len(p) > 0 {
+		fp.prim.FreeTX(p)
+		fp.txOut -= len(p)
+	}
+}
+
+// TXBurst posts runs of frames to their provider. Frames built for the fast
+// path after the engine left it are dropped (counted in TXDropped).
+func (fp *fallbackProvider) TXBurst(frames []qp.Frame) (int, error) {
+	total := 0
+	for total < len(frames) {
+		isTAP := frames[total].Handle&tapTag != 0
+		end := total + 1
+		for end < len(frames) && (frames[end].Handle&tapTag != 0) == isTAP {
+			end++
+		}
+		run := frames[total:end]
+		switch {
+		case isTAP:
+			t, _ := fp.split(run)
+			n, err := fp.tap.TXBurst(t)
+			total += n
+			if n < len(run) || err != nil {
+				return total, err
+			}
+		case fp.onPrim:
+			n, err := fp.prim.TXBurst(run)
+			fp.txOut -= n
+			total += n
+			if err != nil && !errors.Is(err, unix.ENETDOWN) {
+				if ferr := fp.fail(err); ferr != nil {
+					return total, ferr
+				}
+				// The rest is dropped by the engine like a link down.
+				return total, fmt.Errorf("%w: %w", unix.ENETDOWN, err)
+			}
+			if n < len(run) || err != nil {
+				return total, err
+			}
+		default:
+			fp.prim.FreeTX(run)
+			fp.txOut -= len(run)
+			fp.txDropped.Add(uint64(len(run)))
+			total += len(run)
+		}
+	}
+	return total, nil
+}
+
+func (fp *fallbackProvider) Complete() int {
+	if fp.onPrim && fp.prim.TXPending() > 0 {
+		return fp.prim.Complete()
+	}
+	return 0
+}
+
+// TXPending counts only the active path: a lost fast path's completions
+// may never come, and its buffers are not used again.
+func (fp *fallbackProvider) TXPending() int {
+	if fp.onPrim {
+		return fp.prim.TXPending()
+	}
+	return 0
+}
+
+func (fp *fallbackProvider) Wait(timeout time.Duration, extra int) (bool, error) {
+	act := fp.active()
+	ok, err := act.Wait(timeout, extra)
+	if err != nil && act != fp.tap {
+		return ok, fp.fail(err)
+	}
+	return ok, err
+}
+
+// FD is the TAP's descriptor, the one that stays for the ring's life (the
+// fast path's steering was given its own descriptor when it opened).
+func (fp *fallbackProvider) FD() int { return fp.tap.FD() }
+
+// Stats adds both paths' counters.
+func (fp *fallbackProvider) Stats() qp.Stats {
+	st := fp.tap.Stats()
+	fp.r.mu.Lock()
+	prim := fp.r.fb.prim
+	fp.r.mu.Unlock()
+	if prim != nil {
+		ps := prim.prov.Stats()
+		st.RXPackets += ps.RXPackets
+		st.TXPackets += ps.TXPackets
+		st.RXDropped += ps.RXDropped
+		st.FillEmpty += ps.FillEmpty
+		st.TXNoBuffer += ps.TXNoBuffer
+		st.Kicks += ps.Kicks
+		st.InvalidDescs += ps.InvalidDescs
+	}
+	return st
+}
+
+// Close does nothing: the ring closes the paths themselves.
+func (fp *fallbackProvider) Close() error { return nil }

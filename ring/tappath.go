@@ -1,0 +1,31 @@
+package ring
+
+import (
+	"fmt"
+
+	"github.com/bypassd/bypassd/ring/qp"
+	taprov "github.com/bypassd/bypassd/ring/tap"
+	"github.com/bypassd/bypassd/tap"
+)
+
+// The TAP path: a TAP device per ring, fed by tc filters on the NIC (package
+// tap), read and written by the ring/tap provider.
+func init() { RegisterProvider(taprov.Name, openTAPPath) }
+
+func openTAPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
+	dev, err := tap.Create(tap.DeviceConfig{Name: tap.DeviceName(pc.Ifindex, pc.Queue), MAC: pc.MAC, MTU: pc.MTU})
+	if err != nil {
+		return nil, nil, err
+	}
+	prov, err := taprov.New(dev, taprov.Config{FrameSize: pc.FrameSize, Frames: pc.Frames})
+	if err != nil {
+		return nil, nil, err
+	}
+	// NewSteering also removes what a dead daemon left on the NIC.
+	steer, err := tap.NewSteering(pc.NS, pc.Ifindex, dev)
+	if err != nil {
+		_ = prov.Close()
+		return nil, nil, fmt.Errorf("steer to %s: %w", dev.Name(), err)
+	}
+	return prov, steer, nil
+}
