@@ -32,8 +32,10 @@ type Daemon struct {
 	cfg   resolved
 	log   *zap.Logger
 	rings []*ringInfo
-	locks []*ifaceLock
-	ln    *ctlproto.Listener
+	// devices are the served interfaces' NIC facts, probed at start.
+	devices []*deviceFacts
+	locks   []*ifaceLock
+	ln      *ctlproto.Listener
 	// nl lists interface addresses in the daemon's network namespace (to
 	// learn which rings serve which address family).
 	nl   *netlink.Handle
@@ -118,12 +120,17 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
 	for _, it := range rc.Interfaces {
+		if d.device(it.Name) == nil {
+			d.devices = append(d.devices, probeDevice(it.Name, d.nl, log))
+		}
+	}
+	for _, it := range rc.Interfaces {
 		rlog := log.With(zap.String("iface", it.Name), zap.Int("queue", it.Queue))
 		r, err := ring.Open(ring.Config{
 			HWTimestamps: hwts,
 			Interface:    it.Name,
 			Queue:        it.Queue,
-			Provider:     chooseProvider(rc.Provider, it.Name, rlog),
+			Provider:     chooseProvider(rc.Provider, d.device(it.Name).rdma, rlog),
 			Frames:       rc.Frames,
 			XDPMode:      rc.XDPMode,
 			CPUs:         rc.CPUs,

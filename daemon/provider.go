@@ -25,14 +25,13 @@ func checkProvider(name string) error {
 	return fmt.Errorf("provider %q: want auto or one of %v", name, ring.Providers())
 }
 
-// chooseProvider resolves auto for one interface: verbs when the binary has
-// it and the interface has an RDMA port that carries raw packet QPs, afxdp
-// otherwise. It logs the choice and why.
-func chooseProvider(requested, ifname string, log *zap.Logger) string {
+// chooseProvider resolves auto for one interface from what verbs.Decide
+// found: verbs when the binary has it and the interface has an RDMA port
+// that carries raw packet QPs, afxdp otherwise. It logs the choice and why.
+func chooseProvider(requested string, d verbs.Decision, log *zap.Logger) string {
 	if requested != ProviderAuto {
 		return requested
 	}
-	d := verbs.Decide(ifname)
 	if d.Use && slices.Contains(ring.Providers(), "verbs") {
 		log.Info("provider chosen", zap.String("provider", "verbs"), zap.String("why", d.Reason))
 		return "verbs"

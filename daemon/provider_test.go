@@ -36,14 +36,14 @@ func TestCheckProvider(t *testing.T) {
 // auto on an interface without an RDMA device picks afxdp and says why.
 func TestChooseProviderAuto(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
-	if got := chooseProvider(ProviderAuto, "lo", zap.New(core)); got != "afxdp" {
+	if got := chooseProvider(ProviderAuto, verbs.Decide("lo"), zap.New(core)); got != "afxdp" {
 		t.Fatalf("auto on lo chose %s", got)
 	}
 	entries := logs.All()
 	if len(entries) != 1 || !strings.Contains(entries[0].ContextMap()["why_not_verbs"].(string), "no RDMA device") {
 		t.Fatalf("log: %+v", entries)
 	}
-	if got := chooseProvider("afxdp", "lo", zap.New(core)); got != "afxdp" || len(logs.All()) != 1 {
+	if got := chooseProvider("afxdp", verbs.Decide("lo"), zap.New(core)); got != "afxdp" || len(logs.All()) != 1 {
 		t.Fatalf("an explicit provider is taken as given, without a log line: %s", got)
 	}
 }

@@ -23,6 +23,7 @@ func queryTopics() map[string]queryFunc {
 		ctlproto.TopicRings:    (*Daemon).queryRings,
 		ctlproto.TopicSessions: (*Daemon).querySessions,
 		ctlproto.TopicFlows:    (*Daemon).queryFlows,
+		ctlproto.TopicDevices:  (*Daemon).queryDevices,
 	}
 }
 
