@@ -13,5 +13,8 @@ echo
 echo "== egress staging in device memory: off vs on, 1400-byte datagrams"
 scripts/bench-devmem.sh
 echo
+echo "== receive timestamps: on vs off (ring: timestamping XDP program + metadata; shim: SO_TIMESTAMPING)"
+go run ./bench/udpbench -ts-cmp -stats-cmp=false -only rx-ring,rx-shim -runs 5 -duration 2s
+echo
 echo "== packet path micro-benchmarks"
-go test -run '^$' -bench . -benchmem ./ring/packet/ ./ring/reassembly/ ./ring/devmem/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'
+go test -run '^$' -bench . -benchmem ./ring/packet/ ./ring/reassembly/ ./ring/devmem/ ./ring/tsconv/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'

@@ -28,6 +28,7 @@ import (
 
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/ring"
+	"github.com/bypassd/bypassd/ring/tsconv"
 )
 
 type options struct {
@@ -44,6 +45,8 @@ type options struct {
 	statsCmp bool
 	// devMemCmp adds the ring TX case with egress staging on.
 	devMemCmp bool
+	// tsCmp adds the RX cases with receive timestamping on.
+	tsCmp bool
 }
 
 func main() {
@@ -57,6 +60,7 @@ func main() {
 	flag.Float64Var(&o.rate, "rate", 0, "RX offered load in datagrams/s with -load ring (0: as fast as the sender goes)")
 	flag.BoolVar(&o.statsCmp, "stats-cmp", true, "also run the shim cases with the daemon's stats files off (tx-shim-nostats, rx-shim-nostats) and print the difference")
 	flag.BoolVar(&o.devMemCmp, "devmem-cmp", false, "also run the ring TX case with egress staging in device memory on (tx-ring-devmem, 256 KiB) and print the on/off ratio")
+	flag.BoolVar(&o.tsCmp, "ts-cmp", false, "also run the RX ring and shim cases with receive timestamping on (rx-ring-ts, rx-shim-ts) and print the on/off difference")
 	flag.BoolVar(&o.split, "split", true, "senders on CPU 0, the receiving side (threaded NAPI, receiver) on CPU 1")
 	only := flag.String("only", "", "run only the cases whose name contains this, or one of these comma-separated strings (tx-kernel, tx-ring, tx-shim, rx-kernel, rx-ring, rx-shim)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -143,8 +147,17 @@ func run(o options) error {
 			fn   func() (sample, error)
 		}{"tx-ring-devmem", b.txRingDevMem})
 	}
+	if o.tsCmp {
+		cases = append(cases, struct {
+			name string
+			fn   func() (sample, error)
+		}{"rx-ring-ts", b.rxRingTS}, struct {
+			name string
+			fn   func() (sample, error)
+		}{"rx-shim-ts", b.rxShimTS})
+	}
 	for i := 0; i < o.runs; i++ {
-		if o.devMemCmp && i > 0 {
+		if (o.devMemCmp || o.tsCmp) && i > 0 {
 			// Staging on vs off is a small difference: alternate the
 			// order run by run so neither side always goes first.
 			slices.Reverse(cases)
@@ -164,6 +177,7 @@ func run(o options) error {
 	report(o, results)
 	reportStats(results)
 	reportDevMem(o, results, b.devMemSeen)
+	reportTS(o, results)
 	return nil
 }
 
@@ -179,6 +193,10 @@ type bench struct {
 	devMemSeen ring.DevMemStats
 	// lastRing is the ring openRing opened last.
 	lastRing *ring.Ring
+	// hwts is the hardware timestamp mode of rings openRing opens; shimTS
+	// makes rxShim's socket ask for every timestamp.
+	hwts   tsconv.Mode
+	shimTS bool
 }
 
 // onThread runs fn on a fresh OS thread pinned to cpu (negative: not
@@ -302,7 +320,8 @@ func (b *bench) openRing(cpu int) (*ring.Ring, *ring.Endpoint, error) {
 	var r *ring.Ring
 	err := b.p.A.NS.Do(func() error {
 		var err error
-		r, err = ring.Open(ring.Config{Interface: b.p.A.Name, Poll: b.o.poll, CPUs: b.engineCPUs(cpu), DevMemTX: b.devMem})
+		r, err = ring.Open(ring.Config{Interface: b.p.A.Name, Poll: b.o.poll, CPUs: b.engineCPUs(cpu), DevMemTX: b.devMem,
+			HWTimestamps: b.hwts})
 		return err
 	})
 	if err != nil {

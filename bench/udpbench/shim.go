@@ -113,6 +113,11 @@ func (b *bench) rxShim() (sample, error) {
 		return sample{}, err
 	}
 	defer conn.Close()
+	if b.shimTS {
+		if err := conn.SetTimestamping(socket.TimestampAll); err != nil {
+			return sample{}, err
+		}
+	}
 	msgs := make([]socket.Message, b.o.batch)
 	for i := range msgs {
 		msgs[i].Buf = make([]byte, 2048)

@@ -57,6 +57,8 @@ type clientConfig struct {
 	// counts the message as dropped and sends the next (sockperf would
 	// wait until the end of the test).
 	ReplyTimeout time.Duration
+	// SendTime puts each message's send time in its payload (oneway.go).
+	SendTime bool
 }
 
 // errPacingUnsupported is what --rate-limit gives while bypassd cannot pace.
@@ -276,6 +278,9 @@ func pingPong(cfg clientConfig, conn Conn, c clock, stop *atomic.Bool) (*latency
 		}
 		seq++
 		putSeq(msg, seq)
+		if cfg.SendTime {
+			putSendTime(msg)
+		}
 		if _, err := conn.WriteToUDPAddrPort(msg, cfg.Server); err != nil && !transientSendError(err) {
 			return nil, fmt.Errorf("send to %v: %w", cfg.Server, err)
 		}
@@ -381,6 +386,9 @@ func underLoad(cfg clientConfig, conn Conn, c clock, stop *atomic.Bool) (*latenc
 		if pong {
 			putFlags(msg, flagClient|flagPong)
 		}
+		if cfg.SendTime {
+			putSendTime(msg)
+		}
 		_, err := conn.WriteToUDPAddrPort(msg, cfg.Server)
 		if pong {
 			run.TX = append(run.TX, t0)
@@ -440,6 +448,9 @@ func throughput(cfg clientConfig, conn Conn, c clock, stop *atomic.Bool) (uint64
 		}
 		if batch == 1 {
 			putSeq(msgs[0], seq+1)
+			if cfg.SendTime {
+				putSendTime(msgs[0])
+			}
 			if _, err := conn.WriteToUDPAddrPort(msgs[0], cfg.Server); err != nil && !transientSendError(err) {
 				return seq, time.Duration(c.now() - start), fmt.Errorf("send to %v: %w", cfg.Server, err)
 			}
@@ -448,6 +459,9 @@ func throughput(cfg clientConfig, conn Conn, c clock, stop *atomic.Bool) (uint64
 		}
 		for i, m := range msgs {
 			putSeq(m, seq+uint64(i)+1)
+			if cfg.SendTime {
+				putSendTime(m)
+			}
 		}
 		n, err := bc.WriteBatch(msgs, cfg.Server)
 		// The sequence numbers of unsent messages are reused: the server

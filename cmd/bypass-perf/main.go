@@ -48,6 +48,8 @@ type options struct {
 	Kernel       bool
 	DaemonSocket string
 	NoColor      bool
+	// OneWay (server): report one-way latency from receive timestamps.
+	OneWay bool
 }
 
 // errUsage marks command-line errors (exit status 2).
@@ -89,7 +91,7 @@ func run(ctx context.Context, opts options, tr Transport, stdout io.Writer) erro
 	p := &printer{w: stdout, color: !opts.NoColor}
 	p.linef("%s", p.paint(colorMagenta, fmt.Sprintf("== version #3.7-compatible bypass-perf (%s) == ", tr.Name())))
 	if opts.Mode == modeServer {
-		return runServer(ctx, opts.Addr, tr, p)
+		return runServer(ctx, opts.Addr, opts.OneWay, tr, p)
 	}
 	return runClient(ctx, opts.Client, tr, p)
 }
@@ -217,8 +219,12 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 			cfg.RateLimit = uint32(v)
 			return nil
 		})
+		fs.BoolVar(&cfg.SendTime, "send-time", false, fmt.Sprintf("put the send time in each message's payload for a --one-way server (message size at least %d)", minSendTimeSize))
 		fs.StringVar(&clientIP, "client_ip", "", "local address to bind the client socket to (default: any)")
 		fs.IntVar(&clientPort, "client_port", 0, "local port to bind the client socket to (default: any)")
+	}
+	if m == modeServer {
+		fs.BoolVar(&opts.OneWay, "one-way", false, "report one-way latency: receive timestamp minus the send time of clients run with --send-time (bypassd sockets only)")
 	}
 	if m == modePingPong || m == modeUnderLoad {
 		fs.BoolVar(&cfg.FullRTT, "full-rtt", false, "report round-trip times instead of one-way (RTT/2)")
@@ -285,6 +291,9 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 		cfg.Local = netip.AddrPortFrom(a.Unmap(), uint16(clientPort))
 	} else {
 		cfg.Local = netip.AddrPortFrom(netip.Addr{}, uint16(clientPort))
+	}
+	if cfg.SendTime && cfg.MsgSize < minSendTimeSize {
+		return options{}, fmt.Errorf("%w: --send-time needs messages of at least %d bytes (-m %d)", errUsage, minSendTimeSize, minSendTimeSize)
 	}
 	if cfg.Batch < 1 || cfg.Batch > 1024 {
 		return options{}, fmt.Errorf("%w: --batch %d: want 1..1024", errUsage, cfg.Batch)

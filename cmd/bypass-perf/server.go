@@ -30,10 +30,18 @@ const serverBatch = 32
 
 // runServer answers sockperf clients on addr until ctx is cancelled, printing
 // what sockperf's server prints.
-func runServer(ctx context.Context, addr netip.AddrPort, tr Transport, p *printer) error {
+func runServer(ctx context.Context, addr netip.AddrPort, oneWay bool, tr Transport, p *printer) error {
 	conn, err := tr.ListenUDP(networkFor(addr.Addr()), addr)
 	if err != nil {
 		return fmt.Errorf("listen on %v (%s): %w", addr, tr.Name(), err)
+	}
+	var ow *oneWayStats
+	if oneWay {
+		if err := enableRXTimestamps(conn); err != nil {
+			conn.Close()
+			return err
+		}
+		ow = &oneWayStats{}
 	}
 	p.linef("[SERVER] listen on:")
 	p.raw(fmt.Sprintf("[%2d] IP = %-15s PORT = %5d # UDP\n", 0, addr.Addr(), addr.Port()))
@@ -54,7 +62,7 @@ func runServer(ctx context.Context, addr netip.AddrPort, tr Transport, p *printe
 		}
 	}()
 	var st serverStats
-	err = serve(conn, &st)
+	err = serve(conn, &st, ow)
 	close(watchDone)
 	conn.Close()
 	if err != nil && !(stopped.Load() && errors.Is(err, net.ErrClosed)) {
@@ -72,13 +80,18 @@ func runServer(ctx context.Context, addr netip.AddrPort, tr Transport, p *printe
 	if n := st.ReplyErrors.Load(); n > 0 {
 		p.linef("%d replies could not be sent", n)
 	}
+	if ow != nil {
+		ow.write(p)
+	}
 	return p.err
 }
 
 // serve answers requests on conn until reading from it fails (Close makes it
 // return an error matching net.ErrClosed). A request is replied to only when
 // it asks for it (PONG): the same bytes with CLIENT cleared, to the sender.
-func serve(conn Conn, st *serverStats) error {
+// With ow, every request's one-way latency is recorded (batch reads carry
+// the receive stamps).
+func serve(conn Conn, st *serverStats, ow *oneWayStats) error {
 	if bc, ok := conn.(BatchConn); ok {
 		msgs := make([]Datagram, serverBatch)
 		for i := range msgs {
@@ -87,7 +100,10 @@ func serve(conn Conn, st *serverStats) error {
 		for {
 			n, err := bc.ReadBatch(msgs)
 			for i := range n {
-				handle(conn, msgs[i].Buf[:msgs[i].N], msgs[i].Addr, st)
+				m := &msgs[i]
+				if handle(conn, m.Buf[:m.N], m.Addr, st) && ow != nil {
+					ow.add(m.Buf[:m.N], m.RX, m.RXHardware)
+				}
 			}
 			if err != nil && !isTimeout(err) {
 				return err
@@ -109,25 +125,27 @@ func serve(conn Conn, st *serverStats) error {
 	}
 }
 
-// handle processes one datagram; it may rewrite its flags in place.
-func handle(conn Conn, b []byte, from netip.AddrPort, st *serverStats) {
+// handle processes one datagram and reports whether it was a counted
+// request; it may rewrite its flags in place.
+func handle(conn Conn, b []byte, from netip.AddrPort, st *serverStats) bool {
 	h, err := parseHeader(b)
 	if err != nil {
 		st.Invalid.Add(1)
-		return
+		return false
 	}
 	if h.Flags&flagClient == 0 || h.Flags&flagWarmup != 0 {
 		st.Ignored.Add(1)
-		return
+		return false
 	}
 	st.Received.Add(1)
 	if h.Flags&flagPong == 0 {
-		return
+		return true
 	}
 	putFlags(b, h.Flags&^flagClient)
 	if _, err := conn.WriteToUDPAddrPort(b, from); err != nil {
 		st.ReplyErrors.Add(1)
-		return
+		return true
 	}
 	st.Replied.Add(1)
+	return true
 }

@@ -30,7 +30,7 @@ func startServer(t *testing.T, wrap func(Conn) Conn) (netip.AddrPort, *serverSta
 	}
 	st := new(serverStats)
 	done := make(chan error, 1)
-	go func() { done <- serve(sc, st) }()
+	go func() { done <- serve(sc, st, nil) }()
 	t.Cleanup(func() {
 		conn.Close()
 		if err := <-done; !errors.Is(err, net.ErrClosed) {
@@ -179,7 +179,7 @@ func TestRunServerOutput(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var out syncBuffer
 	done := make(chan error, 1)
-	go func() { done <- runServer(ctx, addr, kernelTransport{}, &printer{w: &out}) }()
+	go func() { done <- runServer(ctx, addr, false, kernelTransport{}, &printer{w: &out}) }()
 	t.Cleanup(func() {
 		cancel()
 		<-done

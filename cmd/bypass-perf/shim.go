@@ -56,6 +56,12 @@ func (c *shimConn) ReadBatch(msgs []Datagram) (int, error) {
 	n, err := c.UDPConn.ReadBatch(sm)
 	for i := range n {
 		msgs[i].N, msgs[i].Addr = sm[i].N, sm[i].Addr
+		switch ts := &sm[i].TS; {
+		case ts.HardwareSysOK:
+			msgs[i].RX, msgs[i].RXHardware = ts.HardwareSys, true
+		case ts.SoftwareOK:
+			msgs[i].RX, msgs[i].RXHardware = ts.Software, false
+		}
 	}
 	if err != nil {
 		return n, err

@@ -143,7 +143,7 @@ func TestShimSockperfClientToServer(t *testing.T) {
 	srv := conn.(*shimConn).LocalAddr().(*net.UDPAddr).AddrPort()
 	st := new(serverStats)
 	done := make(chan error, 1)
-	go func() { done <- serve(conn, st) }()
+	go func() { done <- serve(conn, st, nil) }()
 	t.Cleanup(func() {
 		conn.Close()
 		if err := <-done; !errors.Is(err, net.ErrClosed) {

@@ -26,6 +26,11 @@ type Datagram struct {
 	Buf  []byte // receives the payload
 	N    int    // bytes stored in Buf
 	Addr netip.AddrPort
+	// RX is the receive timestamp when the socket reports them (zero
+	// otherwise): the converted hardware stamp (RXHardware) or else the
+	// software one.
+	RX         time.Time
+	RXHardware bool
 }
 
 // BatchConn is implemented by transports that move several datagrams per
