@@ -56,6 +56,10 @@ func (e *engine) initStaging() error {
 	case r.cfg.DevMemInline < 0:
 		cfg.InlineThreshold = 0
 	}
+	// A TAP fallback (Fallback auto or tap) drives the engine through a
+	// provider that switches paths at run time and has no device memory of
+	// its own: a region of the fast path would outlive a path it replaced
+	// (its UMEM unmapped), so staging stays off there.
 	dm, ok := r.prov.(qp.DeviceMemory)
 	if r.cfg.DevMemTX > 0 && ok && r.prov.Caps().DeviceMemory > 0 {
 		reg, err := dm.AllocDeviceMemory(r.cfg.DevMemTX, st.released)
@@ -73,10 +77,18 @@ func (e *engine) initStaging() error {
 		return fmt.Errorf("device memory: %w", err)
 	}
 	st.mgr = m
-	if r.cfg.DevMemTX > 0 {
+	switch {
+	case r.cfg.DevMemTX > 0 && m.Capacity() > 0:
 		r.log.Info("egress staging", zap.Int("dev_mem_tx_requested", r.cfg.DevMemTX),
 			zap.Int("dev_mem_tx_granted", m.Capacity()), zap.Int("inline_threshold", cfg.InlineThreshold),
 			zap.String("provider", r.prov.Caps().Provider))
+	case r.cfg.DevMemTX > 0:
+		why := "the provider has no device memory"
+		if r.cfg.Fallback != FallbackNone {
+			why = "not available with a TAP fallback (fallback " + r.cfg.Fallback.String() + ")"
+		}
+		r.log.Warn("egress staging off: "+why, zap.Int("dev_mem_tx_requested", r.cfg.DevMemTX),
+			zap.Int("dev_mem_tx_granted", 0), zap.String("provider", r.prov.Caps().Provider))
 	}
 	return nil
 }

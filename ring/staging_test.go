@@ -185,3 +185,14 @@ func TestStagingOff(t *testing.T) {
 		t.Fatalf("provider reserved %d bytes of device memory unasked", c.DeviceMemory)
 	}
 }
+
+// TestStagingOffWithFallback: with a TAP fallback the engine's provider
+// switches paths at run time, so nothing is staged, whatever DevMemTX says
+// (the grant shows 0), and traffic flows as without staging.
+func TestStagingOffWithFallback(t *testing.T) {
+	l := newLab(t, ring.Config{Fallback: ring.FallbackAuto, DevMemTX: 64 << 10})
+	stagingRun(t, l, 2000, 128, devmem.DefaultInlineThreshold)
+	if s := l.r.DevMemStats(); s != (ring.DevMemStats{}) {
+		t.Fatalf("staged with a TAP fallback: %+v", s)
+	}
+}
