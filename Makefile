@@ -9,7 +9,7 @@ BIN      := bin
 APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev prometheus
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all deps build test bench demo generate check-generated lint fmt clean
+.PHONY: all deps build build-verbs test bench demo generate check-generated lint fmt clean
 
 all: build
 
@@ -22,10 +22,22 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/... ./bench/... ./internal/netlab/cmd/...
 
+# build-verbs: bypassd and bypassctl with the verbs provider (cgo and
+# libibverbs-dev), in bin/verbs/.
+build-verbs: deps
+	@mkdir -p $(BIN)/verbs
+	$(GO) build -tags verbs -o $(BIN)/verbs/ ./cmd/bypassd ./cmd/bypassctl
+
 # test: everything CI checks. Privileged tests need root; under
 # BYPASSD_REQUIRE_PRIV=1 a missing privilege fails instead of skipping.
+# The verbs build (-tags verbs) runs its device-free tests and the provider
+# selection tests; its hardware tests skip without a ConnectX port
+# (BYPASSD_VERBS_IF, docs/hardware-testing.md) whatever
+# BYPASSD_REQUIRE_PRIV says, since no CI machine has one.
 test: deps lint check-generated
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	$(GO) test -tags verbs -race -count=1 ./ring/verbs/...
+	$(GO) test -tags verbs -race -count=1 -run 'Verbs|Provider' ./ring/ ./daemon/
 
 bench: deps build
 	scripts/bench.sh
@@ -45,6 +57,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags verbs $(PKGS)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
