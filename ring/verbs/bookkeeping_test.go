@@ -159,3 +159,32 @@ func TestTakeRX(t *testing.T) {
 		t.Fatalf("a flushed receive queue must stop the ring: %v", p.fatal)
 	}
 }
+
+// Completions Wait found before sleeping are handed out first, no more than
+// the caller has room for, and the rest wait for the next call.
+func TestRXBurstFromStash(t *testing.T) {
+	p := bookkeepingProvider(0)
+	for i := 0; i < 5; i++ {
+		p.rxStash = append(p.rxStash, completion{WRID: uint64(i) * 2048, Len: uint32(100 + i)})
+	}
+	p.rxPosted = 5
+	frames := make([]qp.Frame, 2)
+	var lens []int
+	for _, want := range []int{2, 2, 1} {
+		n := p.RXBurst(frames)
+		if n != want {
+			t.Fatalf("RXBurst gave %d frames, want %d (stash left %d)", n, want, len(p.rxStash))
+		}
+		for _, f := range frames[:n] {
+			lens = append(lens, len(f.Buf))
+		}
+	}
+	for i, l := range lens {
+		if l != 100+i {
+			t.Fatalf("frames out of order: lengths %v", lens)
+		}
+	}
+	if p.rxPackets.Load() != 5 || len(p.rxStash) != 0 {
+		t.Fatalf("rx packets %d, stash %d", p.rxPackets.Load(), len(p.rxStash))
+	}
+}

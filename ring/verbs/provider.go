@@ -387,12 +387,13 @@ func (p *Provider) RXBurst(frames []qp.Frame) int {
 		return 0
 	}
 	got := 0
-	for got < len(frames) {
-		var batch []completion
-		if len(p.rxStash) > 0 {
-			batch = p.rxStash
-			p.rxStash = p.rxStash[:0]
-		} else {
+	if len(p.rxStash) > 0 {
+		// What Wait found: hand that out first, and poll the CQ next time.
+		k := min(len(p.rxStash), len(frames))
+		got = p.takeRX(p.rxStash[:k], frames)
+		p.rxStash = p.rxStash[:copy(p.rxStash, p.rxStash[k:])]
+	} else {
+		for got < len(frames) {
 			k, err := cPoll(p.rcq, p.wc[:min(len(p.wc), len(frames)-got)], p.ts)
 			if err != nil {
 				p.fail(translate("poll receive completions", err))
@@ -401,9 +402,8 @@ func (p *Provider) RXBurst(frames []qp.Frame) int {
 			if k == 0 {
 				break
 			}
-			batch = p.wc[:k]
+			got += p.takeRX(p.wc[:k], frames[got:])
 		}
-		got += p.takeRX(batch, frames[got:])
 	}
 	if len(p.repost) > 0 {
 		if err := p.postRecv(); err != nil {
