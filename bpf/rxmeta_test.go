@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/netlab"
@@ -60,6 +61,12 @@ func (x *testXSK) metaFrames() (frames, metas [][]byte) {
 // metadata it writes reaches a copy-mode AF_XDP socket: present, with
 // veth's answer (status 0, timestamp 0: no hardware clock).
 func TestRXTimestampsVariant(t *testing.T) {
+	// Run-time statistics for RunStats, only while this test holds them.
+	stats, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stats.Close()
 	lab := netlab.NewPair(t, netlab.Options{})
 	p := attachIn(t, lab.A, Options{RXTimestamps: true})
 	if !p.RXTimestamps() || p.Mode() != ModeNative || p.RXTimestampsRefused() != nil {
@@ -99,6 +106,11 @@ func TestRXTimestampsVariant(t *testing.T) {
 			t.Fatalf("frame %d: veth gave ts %d status %d, want 0 and 0 or -ENODATA", i, ts, status)
 		}
 	}
+	runs, total, err := p.RunStats()
+	if err != nil || runs < n || total <= 0 {
+		t.Fatalf("RunStats = %d runs, %v, %v; want at least %d runs", runs, total, err, n)
+	}
+	t.Logf("timestamping program: %d runs, %v per run", runs, total/time.Duration(runs))
 }
 
 // Generic mode cannot run device-bound programs: the plain program is used

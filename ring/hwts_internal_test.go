@@ -59,3 +59,32 @@ func TestStampsPerMode(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkStamps is the engine's per-datagram cost of building the
+// record's timestamps from a frame with a hardware stamp, in sync mode
+// (conversion included) and with hardware timestamps off.
+func BenchmarkStamps(b *testing.B) {
+	now := time.Now().UnixNano()
+	for _, mode := range []tsconv.Mode{tsconv.ModeDisable, tsconv.ModeSync} {
+		b.Run(mode.String(), func(b *testing.B) {
+			e := &engine{r: &Ring{}}
+			if mode == tsconv.ModeSync {
+				conv, err := tsconv.New(mode, offsetClock{off: 37e9}, tsconv.Config{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := conv.Update(time.Now()); err != nil {
+					b.Fatal(err)
+				}
+				e.r.hw = &hwClock{conv: conv}
+			}
+			hw := uint64(now + 37e9)
+			var sink int64
+			for i := range b.N {
+				st := e.stamps(now, hw+uint64(i))
+				sink += st.hwSys
+			}
+			_ = sink
+		})
+	}
+}

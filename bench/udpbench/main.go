@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/netlab"
@@ -148,6 +149,13 @@ func run(o options) error {
 		}{"tx-ring-devmem", b.txRingDevMem})
 	}
 	if o.tsCmp {
+		// The XDP programs' own cost per frame, from the kernel's run-time
+		// statistics (counted only while this is open).
+		st, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
+		if err != nil {
+			return fmt.Errorf("enable BPF run-time statistics: %w", err)
+		}
+		defer st.Close()
 		cases = append(cases, struct {
 			name string
 			fn   func() (sample, error)
@@ -177,7 +185,7 @@ func run(o options) error {
 	report(o, results)
 	reportStats(results)
 	reportDevMem(o, results, b.devMemSeen)
-	reportTS(o, results)
+	reportTS(o, results, [2]xdpCost{b.xdpPlain, b.xdpTS})
 	return nil
 }
 
@@ -197,6 +205,9 @@ type bench struct {
 	// makes rxShim's socket ask for every timestamp.
 	hwts   tsconv.Mode
 	shimTS bool
+	// xdpPlain and xdpTS sum the XDP program's statistics of the rx-ring
+	// runs without and with the timestamping variant.
+	xdpPlain, xdpTS xdpCost
 }
 
 // onThread runs fn on a fresh OS thread pinned to cpu (negative: not
@@ -325,6 +336,10 @@ func (b *bench) openRing(cpu int) (*ring.Ring, *ring.Endpoint, error) {
 		return err
 	})
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := b.checkTimestamping(r); err != nil {
+		r.Close()
 		return nil, nil, err
 	}
 	ep, err := r.BindUDP(netip.AddrPortFrom(b.p.A.Addr4(), 0))
@@ -473,6 +488,7 @@ func (b *bench) rxRing() (sample, error) {
 		return sample{}, err
 	}
 	defer r.Close()
+	defer b.recordXDP(r)
 	msgs := make([]ring.Message, b.o.batch)
 	for i := range msgs {
 		msgs[i].Buf = make([]byte, 2048)

@@ -2,7 +2,10 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"time"
 
+	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/tsconv"
 )
 
@@ -19,11 +22,19 @@ import (
 func (b *bench) rxRingTS() (sample, error) {
 	b.hwts = tsconv.ModeRaw
 	defer func() { b.hwts = tsconv.ModeDisable }()
-	s, err := b.rxRing()
-	if err == nil && !b.lastRing.Program().RXTimestamps() {
-		err = fmt.Errorf("the timestamping XDP program is not attached: %v", b.lastRing.Program().RXTimestampsRefused())
+	return b.rxRing()
+}
+
+// checkTimestamping makes sure a ring opened for rx-ring-ts really runs
+// the timestamping program (openRing calls it while the ring is open).
+func (b *bench) checkTimestamping(r *ring.Ring) error {
+	if b.hwts == tsconv.ModeDisable {
+		return nil
 	}
-	return s, err
+	if p := r.Program(); p == nil || !p.RXTimestamps() {
+		return fmt.Errorf("rx-ring-ts: the timestamping XDP program is not attached (%v)", p.RXTimestampsRefused())
+	}
+	return nil
 }
 
 func (b *bench) rxShimTS() (sample, error) {
@@ -32,9 +43,37 @@ func (b *bench) rxShimTS() (sample, error) {
 	return b.rxShim()
 }
 
+// xdpCost accumulates the XDP program's run count and run time over the
+// rx-ring runs of one variant (kernel run-time statistics, enabled for
+// -ts-cmp): the program's own cost per frame, which the load on a shared
+// machine disturbs far less than the rates.
+type xdpCost struct {
+	runs uint64
+	time time.Duration
+}
+
+// recordXDP adds the ring's program statistics to the current variant.
+func (b *bench) recordXDP(r *ring.Ring) {
+	p := r.Program()
+	if p == nil || !b.o.tsCmp {
+		return
+	}
+	runs, total, err := p.RunStats()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "XDP run statistics: %v\n", err)
+		return
+	}
+	c := &b.xdpPlain
+	if p.RXTimestamps() {
+		c = &b.xdpTS
+	}
+	c.runs += runs
+	c.time += total
+}
+
 // reportTS compares the RX cases with timestamping on and off, interleaved
 // run by run with the other cases.
-func reportTS(o options, res map[string][]sample) {
+func reportTS(o options, res map[string][]sample, xdp [2]xdpCost) {
 	dlv := func(s sample) float64 { return s.delivered }
 	for _, c := range []struct{ off, on, what string }{
 		{"rx-ring", "rx-ring-ts", "timestamping XDP program + metadata read"},
@@ -47,5 +86,11 @@ func reportTS(o options, res map[string][]sample) {
 		mOn, mOff := median(col(on, dlv)), median(col(off, dlv))
 		fmt.Printf("%s %d-byte UDP, %s on vs off: %.3f vs %.3f Mpps delivered (medians of %d), %+.1f%% (target: cost <= 3%%)\n",
 			c.off, o.size, c.what, mOn/1e6, mOff/1e6, len(on), 100*(mOn/mOff-1))
+	}
+	if plain, ts := xdp[0], xdp[1]; plain.runs > 0 && ts.runs > 0 {
+		np := float64(plain.time) / float64(plain.runs)
+		nt := float64(ts.time) / float64(ts.runs)
+		fmt.Printf("XDP program per frame (kernel run-time statistics): plain %.1f ns over %d frames, timestamping variant %.1f ns over %d frames (+%.1f ns)\n",
+			np, plain.runs, nt, ts.runs, nt-np)
 	}
 }
