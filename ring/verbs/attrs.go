@@ -224,16 +224,22 @@ func checkRateLimit(rl qp.RateLimit, pc *PacingCaps) error {
 	return nil
 }
 
+// pacedDepth bounds the send queue of a paced QP: it drains at its rate,
+// so a deep queue would only hold device memory (64 of them by default).
+const pacedDepth = 256
+
 // ring sizes derived from the configuration and the device's limits.
 type queueSizes struct {
 	RXFrames, TXFrames int
-	// SendWR and RecvWR size the main QP; CQE the completion queues.
-	SendWR, RecvWR, SendCQE, RecvCQE int
+	// SendWR and RecvWR size the main QP, PacedWR each paced QP; the CQEs
+	// the completion queues.
+	SendWR, RecvWR, PacedWR, SendCQE, RecvCQE int
 }
 
 // sizeQueues splits cfg.Frames between reception and transmission and
 // clamps the work-queue depths to what the device allows. Paced send queues
-// share the send CQ, so it is sized for all of them.
+// share the send CQ, so it is sized for all of them (a CQ that overflows
+// puts the device in an error state).
 func sizeQueues(cfg Config, c DeviceCaps) (queueSizes, error) {
 	rx := cfg.Frames / 2
 	tx := cfg.Frames - rx
@@ -244,8 +250,9 @@ func sizeQueues(cfg Config, c DeviceCaps) (queueSizes, error) {
 	if c.MaxQPWR > 0 {
 		s.SendWR = min(s.SendWR, c.MaxQPWR)
 	}
+	s.PacedWR = min(s.SendWR, pacedDepth)
 	s.RecvCQE = rx
-	s.SendCQE = s.SendWR * (1 + cfg.MaxPacedQueues)
+	s.SendCQE = s.SendWR + s.PacedWR*cfg.MaxPacedQueues
 	if c.MaxCQE > 0 {
 		s.RecvCQE = min(s.RecvCQE, c.MaxCQE)
 		s.SendCQE = min(s.SendCQE, c.MaxCQE)

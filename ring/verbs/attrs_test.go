@@ -226,10 +226,10 @@ func TestSizeQueues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.RXFrames != 2048 || s.TXFrames != 2048 || s.SendWR != 2048 || s.RecvWR != 2048 || s.SendCQE != 4*2048 || s.RecvCQE != 2048 {
+	if s.RXFrames != 2048 || s.TXFrames != 2048 || s.SendWR != 2048 || s.RecvWR != 2048 || s.PacedWR != 256 || s.SendCQE != 2048+3*256 || s.RecvCQE != 2048 {
 		t.Fatalf("unclamped sizes %+v", s)
 	}
-	s, err = sizeQueues(cfg, DeviceCaps{MaxQPWR: 1024, MaxCQE: 4000})
+	s, err = sizeQueues(Config{Frames: 4096, MaxPacedQueues: 64}, DeviceCaps{MaxQPWR: 1024, MaxCQE: 4000})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ func bookkeepingProvider(paced int) *Provider {
 	p := &Provider{cfg: cfg, sizes: queueSizes{RXFrames: 32, TXFrames: 32, SendWR: 32, RecvWR: 32}, inline: 204, base: 0x10000}
 	p.pool = make([]byte, 64*2048)
 	for i := 0; i <= paced; i++ {
-		p.sq = append(p.sq, &sendQueue{})
+		p.sq = append(p.sq, &sendQueue{depth: 32})
 	}
 	return p
 }

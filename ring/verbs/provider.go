@@ -36,7 +36,7 @@ type Config struct {
 	// transmission (default 4096); FrameSize their size (default 2048).
 	Frames, FrameSize int
 	// MaxPacedQueues bounds the extra send QPs SetRateLimit creates, one
-	// per paced send queue (default 16).
+	// per paced send queue (default 64; each holds PacedDepth sends).
 	MaxPacedQueues int
 	// Inline is the largest frame sent inline in the work request
 	// (default 204, devmem's inline threshold; the device may grant less).
@@ -60,7 +60,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("frame size %d: must be a power of two from 256 to 16384", c.FrameSize)
 	}
 	if c.MaxPacedQueues == 0 {
-		c.MaxPacedQueues = 16
+		c.MaxPacedQueues = 64
 	}
 	if c.MaxPacedQueues < 0 || c.MaxPacedQueues > 512 {
 		return fmt.Errorf("paced send queues %d: must be 0..512", c.MaxPacedQueues)
@@ -113,7 +113,9 @@ type postedFrame struct {
 
 // sendQueue is one send QP: the main QP (index 0) or a paced one.
 type sendQueue struct {
-	qp          cQP
+	qp cQP
+	// depth is how many sends may be in flight on it.
+	depth       int
 	inflight    []postedFrame // in post order; the head is the oldest
 	seq         uint64
 	sinceSignal int
@@ -282,7 +284,7 @@ func Open(cfg Config) (_ *Provider, err error) {
 	if p.mr, p.lkey, err = cRegMR(p.pd, p.pool); err != nil {
 		return nil, translate(fmt.Sprintf("register %d-byte buffer pool", len(p.pool)), err)
 	}
-	main, err := p.newSendQueue(p.sizes.RecvWR)
+	main, err := p.newSendQueue(p.sizes.SendWR, p.sizes.RecvWR)
 	if err != nil {
 		return nil, err
 	}
@@ -330,22 +332,22 @@ func (p *Provider) createCQs() (err error) {
 	return nil
 }
 
-// newSendQueue creates a raw packet QP on the shared CQs (rq receive
-// entries; 0 for a send-only paced queue) and walks it to RTS. The first
-// one fixes the inline size all of them use.
-func (p *Provider) newSendQueue(rq int) (*sendQueue, error) {
+// newSendQueue creates a raw packet QP on the shared CQs (sq send and rq
+// receive entries; rq 0 for a send-only paced queue) and walks it to RTS.
+// The first one fixes the inline size all of them use.
+func (p *Provider) newSendQueue(sq, rq int) (*sendQueue, error) {
 	want := p.cfg.Inline
 	if len(p.sq) > 0 {
 		want = p.inline
 	}
-	q, inline, err := cCreateQP(p.pd, p.scq, p.rcq, p.sizes.SendWR, rq, want)
+	q, inline, err := cCreateQP(p.pd, p.scq, p.rcq, sq, rq, want)
 	if err != nil && want > 0 && errors.Is(err, unix.EINVAL) {
 		// Some devices take no inline data on raw packet QPs.
 		want = 0
-		q, inline, err = cCreateQP(p.pd, p.scq, p.rcq, p.sizes.SendWR, rq, 0)
+		q, inline, err = cCreateQP(p.pd, p.scq, p.rcq, sq, rq, 0)
 	}
 	if err != nil {
-		return nil, translate(fmt.Sprintf("create raw packet QP (%d send, %d receive entries)", p.sizes.SendWR, rq), err)
+		return nil, translate(fmt.Sprintf("create raw packet QP (%d send, %d receive entries)", sq, rq), err)
 	}
 	if len(p.sq) == 0 {
 		p.inline = min(inline, want)
@@ -354,7 +356,7 @@ func (p *Provider) newSendQueue(rq int) (*sendQueue, error) {
 		_ = cDestroyQP(q)
 		return nil, err
 	}
-	return &sendQueue{qp: q}, nil
+	return &sendQueue{qp: q, depth: sq}, nil
 }
 
 // Caps implements qp.Provider.
@@ -517,7 +519,7 @@ func (p *Provider) TXBurstQueue(q int, frames []qp.Frame) (int, error) {
 		return 0, fmt.Errorf("verbs %s/%d: send queue %d does not exist (%d open): %w", p.cfg.Interface, p.cfg.Queue, q, len(p.sq), unix.EINVAL)
 	}
 	s := p.sq[q]
-	n := min(len(frames), p.sizes.SendWR-len(s.inflight))
+	n := min(len(frames), s.depth-len(s.inflight))
 	if n <= 0 {
 		return 0, nil
 	}
@@ -665,9 +667,11 @@ func (p *Provider) Wait(timeout time.Duration, extra int) (bool, error) {
 	if len(p.rxStash) > 0 || len(p.txStash) > 0 {
 		return false, nil
 	}
-	ms := -1
+	// ppoll: the engine sleeps until paced departures, to the microsecond.
+	var ts *unix.Timespec
 	if timeout >= 0 {
-		ms = int((timeout + time.Millisecond - 1) / time.Millisecond)
+		t := unix.NsecToTimespec(int64(timeout))
+		ts = &t
 	}
 	fds := p.pollFds[:2]
 	if extra >= 0 {
@@ -677,7 +681,7 @@ func (p *Provider) Wait(timeout time.Duration, extra int) (bool, error) {
 	if p.rxPosted == 0 {
 		p.noRXBuffer.Add(1)
 	}
-	if _, err := unix.Poll(fds, ms); err != nil && err != unix.EINTR {
+	if _, err := unix.Ppoll(fds, ts, nil); err != nil && err != unix.EINTR {
 		return false, fmt.Errorf("verbs %s/%d: poll: %w", p.cfg.Interface, p.cfg.Queue, err)
 	}
 	if p.pollFds[0].Revents&unix.POLLIN != 0 {
@@ -758,7 +762,7 @@ func (p *Provider) SetRateLimit(sendQueue int, rl qp.RateLimit) error {
 		return fmt.Errorf("%s: %w", name, err)
 	}
 	for len(p.sq) <= sendQueue {
-		s, err := p.newSendQueue(0)
+		s, err := p.newSendQueue(p.sizes.PacedWR, 0)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
