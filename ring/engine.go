@@ -481,7 +481,7 @@ func (e *engine) drain(t *table, ep *Endpoint) (int, error) {
 				break
 			}
 		}
-		got := r.prov.AllocTX(e.tx[len(e.tx) : len(e.tx)+frames])
+		got := e.allocTX(e.tx[len(e.tx):len(e.tx)+frames], tmpl.HeaderLen()+len(payload))
 		if got < frames {
 			r.prov.FreeTX(e.tx[len(e.tx) : len(e.tx)+got])
 			r.stats.TXNoBuffer.Add(1)
@@ -500,7 +500,7 @@ func (e *engine) drain(t *table, ep *Endpoint) (int, error) {
 			fr.Buf = fr.Buf[:l]
 		}
 		if bad {
-			r.prov.FreeTX(e.tx[base:])
+			e.dropFrames(e.tx[base:])
 			e.tx = e.tx[:base]
 			ep.stats.TXErrors.Add(1)
 			r.stats.TXErrors.Add(1)

@@ -38,8 +38,11 @@ func (r *Ring) DevMemStats() DevMemStats {
 // staging is the engine's staging state; only the engine thread uses mgr
 // and region.
 type staging struct {
-	mgr         *devmem.Manager
-	region      qp.DeviceRegion
+	mgr    *devmem.Manager
+	region qp.DeviceRegion
+	// mapped: the region is in this process's memory, so single-frame
+	// datagrams are built in it directly (allocTX) instead of copied.
+	mapped      bool
 	releaseErrs atomic.Uint64
 	log         *zap.Logger
 }
@@ -67,6 +70,9 @@ func (e *engine) initStaging() error {
 			return fmt.Errorf("device memory: %w", err)
 		}
 		st.region = reg
+		if mr, ok := reg.(qp.MappedRegion); ok && mr.Mapped() {
+			st.mapped = true
+		}
 	}
 	var reg devmem.Region
 	if st.region != nil {
@@ -102,17 +108,41 @@ func (st *staging) released(off int) {
 	}
 }
 
-// stage moves the frames of one datagram that are over the inline threshold
-// into device memory, returning their TX buffers to the provider. When the
-// region runs low it reaps completions first so the space comes back.
-func (e *engine) stage(frames []qp.Frame) {
+// allocTX takes the send buffers of one datagram of len(dst) frames. With
+// a mapped region, a single-frame datagram of frameLen bytes over the inline
+// threshold gets its buffer in the region instead: it is built where it is
+// staged, with no TX buffer and no copy. Everything else (inline, oob,
+// fragments, regions that need a copy) gets TX buffers; stage copies those
+// that qualify after they are built.
+func (e *engine) allocTX(dst []qp.Frame, frameLen int) int {
 	st := &e.stg
-	if !st.mgr.Enabled() {
-		return
+	if st.mapped && len(dst) == 1 {
+		e.completeIfLow()
+		if off, ok := st.mgr.Reserve(frameLen); ok {
+			dst[0] = st.region.TXFrame(off, frameLen)
+			return 1
+		}
 	}
-	if st.mgr.NeedCompletion() {
+	return e.r.prov.AllocTX(dst)
+}
+
+// completeIfLow reaps completions when the region runs low, so the space
+// comes back before the next frame needs it.
+func (e *engine) completeIfLow() {
+	if e.stg.mgr.NeedCompletion() {
 		e.r.prov.Complete()
 	}
+}
+
+// stage moves the frames of one datagram that are over the inline threshold
+// into device memory, returning their TX buffers to the provider. A
+// single-frame datagram with a mapped region was decided by allocTX already.
+func (e *engine) stage(frames []qp.Frame) {
+	st := &e.stg
+	if !st.mgr.Enabled() || st.mapped && len(frames) == 1 {
+		return
+	}
+	e.completeIfLow()
 	for i := range frames {
 		off, ok := st.mgr.Stage(frames[i].Buf)
 		if !ok {

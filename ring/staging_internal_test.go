@@ -40,11 +40,17 @@ func (f *fakeQP) FreeTX(fr []qp.Frame) {
 // have handles from 1<<32 up.
 type fakeDM struct {
 	fakeQP
+	mapped   bool
 	region   *fakeRegion
 	released func(int)
 }
 
-type fakeRegion struct{ *devmem.MemRegion }
+type fakeRegion struct {
+	*devmem.MemRegion
+	mapped bool
+}
+
+func (r fakeRegion) Mapped() bool { return r.mapped }
 
 const fakeBase = 1 << 32
 
@@ -61,7 +67,7 @@ func (r fakeRegion) Offset(f qp.Frame) (int, bool) {
 }
 
 func (f *fakeDM) AllocDeviceMemory(size int, released func(int)) (qp.DeviceRegion, error) {
-	f.region = &fakeRegion{devmem.NewMemRegion(make([]byte, size))}
+	f.region = &fakeRegion{devmem.NewMemRegion(make([]byte, size)), f.mapped}
 	f.released = released
 	return f.region, nil
 }
@@ -139,5 +145,37 @@ func TestStagingSwapAndDrop(t *testing.T) {
 	p.released(1000)
 	if s := e.r.DevMemStats(); s.InUse != 0 || s.ReleaseErrors != 1 {
 		t.Fatalf("after completions %+v, want empty with one release error", s)
+	}
+}
+
+// TestStagingInPlace: with a mapped region a single-frame datagram over the
+// threshold gets its buffer in the region (built there, no TX buffer, no
+// copy); inline ones and fragments take TX buffers, and fragments are
+// copied in after they are built.
+func TestStagingInPlace(t *testing.T) {
+	p := &fakeDM{fakeQP: fakeQP{caps: qp.Caps{DeviceMemory: 1 << 20}}, mapped: true}
+	e := stagingEngine(t, p, 8192)
+	dst := make([]qp.Frame, 2)
+	if n := e.allocTX(dst[:1], 1000); n != 1 || dst[0].Handle != fakeBase || len(dst[0].Buf) != 1000 {
+		t.Fatalf("allocTX of a 1000-byte frame: %d, handle %#x, %d bytes", n, dst[0].Handle, len(dst[0].Buf))
+	}
+	if n := e.allocTX(dst[:1], 100); n != 0 {
+		t.Fatalf("an inline frame did not go to the provider's AllocTX (got %d)", n)
+	}
+	e.stage(dst[:1]) // decided by allocTX: not counted again
+	fr := frames(1500, 600)
+	e.allocTX(dst[:2], 0) // fragments: the provider's buffers
+	e.stage(fr)
+	if fr[0].Handle != fakeBase+1000 || fr[1].Handle != fakeBase+2504 {
+		t.Fatalf("fragments not copied in: handles %#x %#x", fr[0].Handle, fr[1].Handle)
+	}
+	if s := e.r.DevMemStats(); s.StagedPackets != 3 || s.InlinePackets != 1 || s.OOBPackets != 0 {
+		t.Fatalf("stats %+v, want 3 staged, 1 inline", s)
+	}
+	// A frame that failed to build is given back, the in-place one too.
+	e.dropFrames(fr)
+	e.dropFrames(dst[:1])
+	if s := e.r.DevMemStats(); s.InUse != 0 || s.ReleaseErrors != 0 {
+		t.Fatalf("after dropping everything %+v", s)
 	}
 }

@@ -39,6 +39,10 @@ func reportDevMem(o options, res map[string][]sample, seen ring.DevMemStats) {
 	mOn, mOff := median(col(on, dlv)), median(col(off, dlv))
 	fmt.Printf("tx-ring %d-byte UDP, egress staging on (%d KiB) vs off: %.3f vs %.3f Mpps arrived (medians of %d), ratio on/off %.3f (target >= 0.98)\n",
 		o.size, devMemBytes>>10, mOn/1e6, mOff/1e6, len(on), mOn/mOff)
+	cpu := func(s sample) float64 { return s.cpuPerPkt }
+	cOn, cOff := median(col(on, cpu)), median(col(off, cpu))
+	fmt.Printf("  CPU per datagram (process, user+system): on %.0f ns, off %.0f ns (medians), ratio on/off %.3f (target <= 1.02)\n",
+		cOn, cOff, cOn/cOff)
 	if k := res["tx-kernel"]; len(k) > 0 {
 		mk := median(col(k, dlv))
 		fmt.Printf("  vs the kernel in the same run: staging off %.2fx, on %.2fx\n", mOff/mk, mOn/mk)

@@ -36,8 +36,12 @@ type stageRegion struct {
 	chunk int
 }
 
-var _ qp.DeviceRegion = (*stageRegion)(nil)
+var _ qp.MappedRegion = (*stageRegion)(nil)
 var _ devmem.Chunked = (*stageRegion)(nil)
+
+// Mapped implements qp.MappedRegion: the region is UMEM, in this
+// process's memory.
+func (r *stageRegion) Mapped() bool { return true }
 
 // ChunkSize implements devmem.Chunked: the UMEM chunk (frame) size.
 func (r *stageRegion) ChunkSize() int { return r.chunk }

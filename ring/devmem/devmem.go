@@ -159,10 +159,22 @@ func (m *Manager) Outstanding() int { return m.count }
 // memory (inline or by reference) and must not call Release for it. Every
 // staged packet must be released with Release once its send completes.
 func (m *Manager) Stage(pkt []byte) (off int, staged bool) {
+	return m.stage(pkt, len(pkt))
+}
+
+// Reserve is Stage without the copy, for a region the caller can write
+// directly (an AF_XDP UMEM): it decides and counts exactly as Stage does for
+// an n-byte packet, and when staged is true the caller writes the packet at
+// off itself, then posts and releases it like a staged one.
+func (m *Manager) Reserve(n int) (off int, staged bool) {
+	return m.stage(nil, n)
+}
+
+// stage is Stage and Reserve: pkt is nil for Reserve.
+func (m *Manager) stage(pkt []byte, n int) (off int, staged bool) {
 	if m.capacity == 0 {
 		return 0, false
 	}
-	n := len(pkt)
 	if n <= m.inline {
 		m.inlinePkts.Add(1)
 		return 0, false
@@ -178,9 +190,11 @@ func (m *Manager) Stage(pkt []byte) (off int, staged bool) {
 		return 0, false
 	}
 	// Copy before committing so a failed copy leaves no trace but a counter.
-	if err := m.region.CopyTo(off, pkt); err != nil {
-		m.copyFailed(n, off, err)
-		return 0, false
+	if pkt != nil {
+		if err := m.region.CopyTo(off, pkt); err != nil {
+			m.copyFailed(n, off, err)
+			return 0, false
+		}
 	}
 	if m.used == 0 {
 		// An empty region restarts at 0 so the whole capacity is contiguous.

@@ -596,3 +596,32 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("Stats %+v: cancelled packets still count as staged", s)
 	}
 }
+
+// TestReserve: Reserve decides and counts like Stage but copies nothing;
+// the caller writes at the offset.
+func TestReserve(t *testing.T) {
+	m, r := newChunked(t, 4096, 2048, DefaultConfig())
+	if _, ok := m.Reserve(DefaultInlineThreshold); ok {
+		t.Fatal("Reserve staged an inline-sized packet")
+	}
+	off, ok := m.Reserve(1400)
+	if !ok || off != 0 {
+		t.Fatalf("Reserve(1400) = %d, %v", off, ok)
+	}
+	b, _ := r.Slice(0, 1400)
+	if !bytes.Equal(b, make([]byte, 1400)) {
+		t.Fatal("Reserve wrote into the region")
+	}
+	if off, ok := m.Reserve(1000); !ok || off != 2048 {
+		t.Fatalf("Reserve(1000) = %d, %v, want 2048 (next chunk)", off, ok)
+	}
+	if _, ok := m.Reserve(2049); ok {
+		t.Fatal("Reserve staged a packet larger than a chunk")
+	}
+	want := Stats{Capacity: 4096, InUse: 2048 + 1000, StagedPackets: 2, StagedBytes: 2400, InlinePackets: 1, OOBPackets: 1}
+	if s := m.Stats(); s != want {
+		t.Fatalf("Stats %+v, want %+v", s, want)
+	}
+	mustRelease(t, m, 0)
+	mustRelease(t, m, 2048)
+}

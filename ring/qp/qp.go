@@ -165,5 +165,13 @@ type DeviceRegion interface {
 	Offset(f Frame) (off int, ok bool)
 }
 
+// MappedRegion is a DeviceRegion in the process's own memory (an AF_XDP
+// UMEM): the Buf of a TXFrame is the region itself, so the engine builds a
+// frame where it is staged instead of copying it there.
+type MappedRegion interface {
+	DeviceRegion
+	Mapped() bool
+}
+
 // ErrClosed is returned by operations on a closed provider.
 var ErrClosed = errors.New("qp: provider closed")
