@@ -16,7 +16,7 @@ echo
 echo "== receive timestamps: on vs off (ring: timestamping XDP program + metadata; shim: SO_TIMESTAMPING)"
 go run ./bench/udpbench -ts-cmp -stats-cmp=false -only rx-ring,rx-shim -runs 5 -duration 2s
 echo "-- per-datagram costs: AF_XDP metadata read, engine stamps (sync conversion included), shim slots"
-go test -run '^$' -bench 'ReadMeta|Stamps|Timestamps' ./ring/afxdp/ ./ring/ ./socket/ | grep -E '^(Benchmark|ok)'
+go test -run '^$' -bench 'ReadMeta|Stamps|Timestamps' -benchtime 500ms ./ring/afxdp/ ./ring/ ./socket/ | grep -E '^(Benchmark|ok)'
 echo
 echo "== packet path micro-benchmarks"
 go test -run '^$' -bench . -benchmem ./ring/packet/ ./ring/reassembly/ ./ring/devmem/ ./ring/tsconv/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'

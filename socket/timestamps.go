@@ -60,15 +60,17 @@ func (u *UDPConn) ReadMsgUDPTimestamps(b []byte) (n int, addr netip.AddrPort, ts
 	if _, err := u.recv(m[:], nil); err != nil {
 		return 0, netip.AddrPort{}, Timestamps{}, err
 	}
-	return m[0].N, m[0].Addr, u.timestamps(&m[0].Header), nil
+	u.timestamps(&ts, &m[0].Header)
+	return m[0].N, m[0].Addr, ts, nil
 }
 
-// timestamps picks the slots the socket asked for out of a record header.
-func (u *UDPConn) timestamps(h *dgram.Header) Timestamps {
-	var ts Timestamps
+// timestamps sets ts to the slots the socket asked for out of a record
+// header (in place: the batch path fills each Message without a copy).
+func (u *UDPConn) timestamps(ts *Timestamps, h *dgram.Header) {
+	*ts = Timestamps{}
 	f := u.tsFlags.Load()
 	if f == 0 {
-		return ts
+		return
 	}
 	if f&TimestampSoftware != 0 && h.Flags&dgram.FlagSWTimestamp != 0 {
 		ts.Software, ts.SoftwareOK = time.Unix(0, h.TSSW), true
@@ -79,5 +81,4 @@ func (u *UDPConn) timestamps(h *dgram.Header) Timestamps {
 	if f&TimestampSysHardware != 0 && h.Flags&dgram.FlagHWSys != 0 {
 		ts.HardwareSys, ts.HardwareSysOK = time.Unix(0, h.TSHWSys), true
 	}
-	return ts
 }

@@ -291,7 +291,8 @@ func (u *UDPConn) recv(sm []sockq.Message, msgs []Message) (int, error) {
 			n, err := u.q.RecvBatch(sm, pastDeadline)
 			if n > 0 {
 				for i := 0; i < n && msgs != nil; i++ {
-					msgs[i].N, msgs[i].Addr, msgs[i].TS = sm[i].N, sm[i].Addr, u.timestamps(&sm[i].Header)
+					msgs[i].N, msgs[i].Addr = sm[i].N, sm[i].Addr
+					u.timestamps(&msgs[i].TS, &sm[i].Header)
 				}
 				return n, nil
 			}
