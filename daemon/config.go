@@ -16,6 +16,7 @@ import (
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/ring/pacing"
 	"github.com/bypassd/bypassd/ring/tsconv"
 	"github.com/bypassd/bypassd/stats"
 )
@@ -173,6 +174,11 @@ type Config struct {
 	// in bypassd_build_info.
 	Version string
 
+	// Pacing configures every interface's rate table (Device is filled
+	// in per interface; a hardware provider's own range replaces
+	// MinKbps/MaxKbps).
+	Pacing pacing.TableConfig
+
 	// LogLevel, if set, is the level of the logger given to New, so that
 	// Daemon.SetLogLevel can change it at run time.
 	LogLevel *zap.AtomicLevel
@@ -318,6 +324,9 @@ func (c Config) resolve() (resolved, error) {
 		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
 			return r, fmt.Errorf("metrics address %q: want HOST:PORT such as 127.0.0.1:9465 (empty: no metrics)", c.MetricsAddr)
 		}
+	}
+	if err := c.Pacing.Validate(); err != nil {
+		return r, err
 	}
 	if c.MetricsMaxClients < 0 {
 		return r, fmt.Errorf("metrics max clients %d: must be positive", c.MetricsMaxClients)

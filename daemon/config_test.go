@@ -14,6 +14,7 @@ import (
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
+	"github.com/bypassd/bypassd/ring/pacing"
 )
 
 func TestParseInterface(t *testing.T) {
@@ -248,7 +249,8 @@ func TestParseCapEff(t *testing.T) {
 
 // testSocket is an unbound socket for option tests.
 func testSocket(family uint16) *socket {
-	return &socket{family: family, queueBytes: 65536, hdr: ring.DefaultHeaderOptions}
+	return &socket{family: family, queueBytes: 65536, hdr: ring.DefaultHeaderOptions,
+		home: &ringInfo{rates: pacing.NewTable(pacing.TableConfig{Device: "test0"})}}
 }
 
 func le32(v int32) []byte { return intBytes(v) }
@@ -324,7 +326,8 @@ func TestSocketOptions(t *testing.T) {
 		{unix.IPPROTO_IP, unix.IP_TTL, nil, unix.EINVAL},
 		{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL, le32(-2), unix.EINVAL},
 		{unix.SOL_SOCKET, unix.SO_REUSEADDR, []byte{1}, unix.EINVAL},
-		{unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE, le32(1000), unix.EOPNOTSUPP},
+		{unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE, le32(1000), unix.ERANGE},
+		{unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE, []byte{1, 2, 3}, unix.EINVAL},
 		{unix.SOL_SOCKET, unix.SO_RCVBUF, []byte{1, 2}, unix.EINVAL},
 		{unix.SOL_SOCKET, unix.SO_TYPE, le32(1), unix.ENOPROTOOPT},
 		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, le32(1), unix.ENOPROTOOPT},
@@ -342,10 +345,6 @@ func TestSocketOptions(t *testing.T) {
 		if err := set(unix.SOL_SOCKET, name, le32(1<<24)); err != nil || get(unix.SOL_SOCKET, name) != 65536 {
 			t.Errorf("%s after a set: %v", optName(unix.SOL_SOCKET, name), err)
 		}
-	}
-	if _, err := k.option(unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE); errnoOf(err) != unix.EOPNOTSUPP ||
-		!strings.Contains(err.Error(), "not supported yet") {
-		t.Errorf("get SO_MAX_PACING_RATE: %v", err)
 	}
 	if _, err := k.option(unix.SOL_SOCKET, unix.SO_KEEPALIVE); errnoOf(err) != unix.ENOPROTOOPT {
 		t.Errorf("get SO_KEEPALIVE: %v", err)

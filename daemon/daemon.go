@@ -17,6 +17,7 @@ import (
 
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/ring"
+	"github.com/bypassd/bypassd/ring/pacing"
 )
 
 // ErrClosed is returned by Serve on a Daemon that was closed.
@@ -71,6 +72,8 @@ type ringInfo struct {
 	r   *ring.Ring
 	it  Interface
 	log *zap.Logger
+	// rates is the interface's rate table (shared by its rings).
+	rates *pacing.Table
 }
 
 // New validates cfg, prepares the stats directory, creates the control
@@ -149,6 +152,7 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 		}
 		d.rings = append(d.rings, &ringInfo{r: r, it: it, log: rlog})
 	}
+	d.openRateTables()
 	if err := d.startStats(); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}

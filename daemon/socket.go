@@ -12,6 +12,7 @@ import (
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
+	"github.com/bypassd/bypassd/ring/pacing"
 )
 
 // socket is one client socket: its shared memory, its eventfds and, once
@@ -39,6 +40,12 @@ type socket struct {
 	// can bind on it only.
 	home *ringInfo
 	ep   *ring.Endpoint
+
+	// rate is the socket's reference on its interface's rate table
+	// (nil: unpaced) and rateReq the rate it asked for (rate.Rate may be
+	// a nearest substitute).
+	rate    *pacing.Entry
+	rateReq pacing.Rate
 
 	// Options set before the bind, applied to the endpoint at bind.
 	reuseAddr bool
@@ -104,6 +111,10 @@ func (k *socket) close() {
 	if k.ep != nil {
 		_ = k.ep.Close()
 		k.ep = nil
+	}
+	if k.rate != nil {
+		k.home.rates.Release(k.rate)
+		k.rate = nil
 	}
 	if k.rxWait != nil {
 		_ = k.rxWait.Close()
@@ -273,6 +284,9 @@ func (s *session) bind(k *socket, addr netip.AddrPort, reuse bool) (netip.AddrPo
 		return netip.AddrPort{}, err
 	}
 	ep.SetHeaderOptions(k.hdr)
+	if k.rate != nil {
+		ep.SetPacing(&k.rate.Rate)
+	}
 	for _, g := range k.pending {
 		if err := ep.JoinGroup(g.group, g.source); err != nil {
 			_ = ep.Close()

@@ -19,7 +19,9 @@ import (
 //	                                     accepted and clamped to that size
 //	                                     (fixed at OPEN), as Linux clamps to
 //	                                     rmem_max
-//	             SO_MAX_PACING_RATE      EOPNOTSUPP (no pacing yet)
+//	             SO_MAX_PACING_RATE      set: u32 bytes/s or the extended
+//	                                     struct (pacing.go); get: the
+//	                                     extended struct and the range
 //	             SO_TIMESTAMPING(_NEW)   get, set: which receive timestamps
 //	                                     the shim reports (timestamping.go)
 //	IPPROTO_IP   IP_TOS, IP_TTL, IP_MULTICAST_TTL, IP_MULTICAST_LOOP
@@ -118,7 +120,7 @@ func (k *socket) setOption(level, name int32, value []byte) error {
 	if level == unix.SOL_SOCKET {
 		switch name {
 		case unix.SO_MAX_PACING_RATE:
-			return fmt.Errorf("SO_MAX_PACING_RATE: packet pacing is not supported yet: %w", unix.EOPNOTSUPP)
+			return k.setPacing(value)
 		case unix.SO_SNDBUF, unix.SO_RCVBUF:
 			// Accepted and clamped, as Linux clamps to rmem_max/wmem_max:
 			// the queues' size was fixed at OPEN and GET reports it.
@@ -206,7 +208,7 @@ func (k *socket) option(level, name int32) ([]byte, error) {
 	case [2]int32{unix.SOL_SOCKET, unix.SO_SNDBUF}, [2]int32{unix.SOL_SOCKET, unix.SO_RCVBUF}:
 		v = int32(k.queueBytes)
 	case [2]int32{unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE}:
-		return nil, fmt.Errorf("SO_MAX_PACING_RATE: packet pacing is not supported yet: %w", unix.EOPNOTSUPP)
+		return k.pacingValue(), nil
 	case [2]int32{unix.SOL_SOCKET, unix.SO_TIMESTAMPING}, [2]int32{unix.SOL_SOCKET, unix.SO_TIMESTAMPING_NEW}:
 		v = int32(k.timestamping)
 	case [2]int32{unix.IPPROTO_IP, unix.IP_TOS}, [2]int32{unix.IPPROTO_IPV6, unix.IPV6_TCLASS}:

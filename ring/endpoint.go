@@ -13,6 +13,7 @@ import (
 
 	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/internal/sockq"
+	"github.com/bypassd/bypassd/ring/pacing"
 	"github.com/bypassd/bypassd/ring/qp"
 	"github.com/bypassd/bypassd/ring/route"
 )
@@ -46,9 +47,13 @@ type Endpoint struct {
 	// broken is set by the engine when a queue turned out corrupt.
 	broken atomic.Bool
 
+	// rate is the pacing rate SetPacing asked for (nil: unpaced).
+	rate atomic.Pointer[pacing.Rate]
+
 	// engine-owned
 	touched bool
 	stalled bool
+	pace    paceState
 
 	stats EndpointStats
 }

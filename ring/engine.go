@@ -14,6 +14,7 @@ import (
 
 	"github.com/bypassd/bypassd/internal/dgram"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/ring/pacing"
 	"github.com/bypassd/bypassd/ring/packet"
 	"github.com/bypassd/bypassd/ring/qp"
 	"github.com/bypassd/bypassd/ring/reassembly"
@@ -41,6 +42,10 @@ type Stats struct {
 	TXLinkDown atomic.Uint64
 	// Wakeups counts times the engine slept and woke up.
 	Wakeups atomic.Uint64
+	// TXPaced counts datagrams sent from paced endpoints; TXPaceWaits
+	// times a paced endpoint's next datagram waited for its departure
+	// time; PacedQueues is the number of paced endpoints now (a gauge).
+	TXPaced, TXPaceWaits, PacedQueues atomic.Uint64
 }
 
 // Stats returns the ring's counters.
@@ -118,6 +123,17 @@ type engine struct {
 	lastTable *table
 	// stg stages built frames in device memory (staging.go).
 	stg staging
+
+	// Pacing (engine_pacing.go): the clock of this transmit pass, the
+	// wheel of endpoints waiting for a departure time, the endpoints with
+	// pacing state, and the provider's hardware rate limiter if any.
+	clockBase time.Time
+	now       int64
+	wheel     *pacing.Wheel[*Endpoint]
+	paced     map[*Endpoint]struct{}
+	hwRate    qp.RateLimiter
+	hwNext    int
+	hwFree    []int
 }
 
 // pruneTemplates forgets the templates of endpoints no longer bound.
@@ -144,10 +160,12 @@ func (e *engine) init(r *Ring) {
 	e.dests = map[netip.Addr]*dest{}
 	e.tmpls = map[tmplKey]tmplEntry{}
 	e.reasm = reassembly.New(r.cfg.Reassembly)
+	e.initPacing()
 }
 
 func (e *engine) loop() error {
 	r := e.r
+	e.pacingThread()
 	var idleSince time.Time
 	for !r.stop.Load() {
 		r.epoch.Add(1)
@@ -164,7 +182,7 @@ func (e *engine) loop() error {
 		if idleSince.IsZero() {
 			idleSince = now
 		}
-		if r.cfg.Poll < 0 || now.Sub(idleSince) < r.cfg.Poll {
+		if r.cfg.Poll < 0 || now.Sub(idleSince) < r.cfg.Poll || e.paceImminent() {
 			continue
 		}
 		if err := e.sleep(t); err != nil {
@@ -187,6 +205,7 @@ func (e *engine) iterate(t *table) (int, error) {
 	}
 	if t != e.lastTable {
 		e.pruneTemplates(t)
+		e.prunePaced(t)
 	}
 	work := e.receive()
 	for {
@@ -226,12 +245,13 @@ func (e *engine) sleep(t *table) error {
 	pending := false
 	for _, ep := range t.all {
 		// A queue stalled on next-hop resolution does not keep the
-		// engine awake: the resolution rings the doorbell.
-		if ep.etx.ArmReadWait() && !ep.stalled {
+		// engine awake: the resolution rings the doorbell. Nor does one
+		// waiting for its departure time: the timeout covers it.
+		if ep.etx.ArmReadWait() && !ep.stalled && !ep.paceWaiting() {
 			pending = true
 		}
 	}
-	timeout := time.Second
+	timeout := e.paceTimeout(time.Second)
 	if pending || len(e.backlog) > 0 || r.prov.TXPending() > 0 {
 		timeout = 0
 	}
@@ -386,6 +406,7 @@ func (e *engine) enqueue(ep *Endpoint, h *dgram.Header, payload []byte) bool {
 // transmit takes datagrams from endpoint TX queues, builds frames and posts
 // them. It returns how many datagrams it consumed.
 func (e *engine) transmit(t *table) (int, error) {
+	e.paceAdvance()
 	if len(e.backlog) > 0 {
 		if err := e.post(); err != nil {
 			return 0, err
@@ -396,6 +417,9 @@ func (e *engine) transmit(t *table) (int, error) {
 	}
 	work := 0
 	for _, ep := range t.all {
+		if ep.paceWaiting() {
+			continue
+		}
 		n, err := e.drain(t, ep)
 		work += n
 		if err != nil {
@@ -419,6 +443,7 @@ func (e *engine) drain(t *table, ep *Endpoint) (int, error) {
 	n := 0
 	var h dgram.Header
 	ep.stalled = false
+	e.paceSync(ep)
 	for n < r.cfg.Batch {
 		rec, _, err := ep.etx.Peek()
 		if err != nil {
@@ -471,6 +496,10 @@ func (e *engine) drain(t *table, ep *Endpoint) (int, error) {
 			n++
 			continue
 		}
+		wire := len(payload) + frames*tmpl.HeaderLen()
+		if ep.pace.applied != nil && !e.paceAllow(ep, wire) {
+			break
+		}
 		if len(e.tx)+frames > cap(e.tx) {
 			e.backlog = append(e.backlog, e.tx...)
 			e.tx = e.tx[:0]
@@ -498,6 +527,7 @@ func (e *engine) drain(t *table, ep *Endpoint) (int, error) {
 				break
 			}
 			fr.Buf = fr.Buf[:l]
+			fr.SendQueue = ep.pace.hwQueue
 		}
 		if bad {
 			e.dropFrames(e.tx[base:])
@@ -513,6 +543,9 @@ func (e *engine) drain(t *table, ep *Endpoint) (int, error) {
 			if dst.Addr().IsMulticast() && ep.opts.Load().MulticastLoop {
 				// Local members get a copy, as with IP_MULTICAST_LOOP.
 				e.deliver(t, tmpl.Src(), dst, payload, rxStamps{flags: dgram.FlagSWTimestamp, sw: time.Now().UnixNano()})
+			}
+			if ep.pace.applied != nil {
+				e.paceCharge(ep, wire)
 			}
 			ep.stats.TXPackets.Add(1)
 			ep.stats.TXBytes.Add(uint64(len(payload)))

@@ -627,9 +627,8 @@ func (u *UDPConn) SetOption(name string, value int) error {
 	}
 	_, err = u.request(ctlproto.CodeSetSockOpt, ctlproto.SetSockOpt{Level: o.level, Name: o.name, Value: v})
 	if err != nil {
-		var de *DaemonError
-		if name == "SO_MAX_PACING_RATE" && errors.As(err, &de) && de.Errno == unix.EOPNOTSUPP {
-			de.Hint = "packet pacing is not supported by this bypassd yet; send unpaced, or upgrade bypassd once pacing lands"
+		if name == "SO_MAX_PACING_RATE" {
+			u.pacingHint(err)
 		}
 		return u.opErr("set", netip.AddrPort{}, fmt.Errorf("setsockopt %s=%d: %w", name, value, err))
 	}
@@ -653,6 +652,15 @@ func (u *UDPConn) Option(name string) (int, error) {
 	if !ok {
 		return 0, u.opErr("get", netip.AddrPort{}, fmt.Errorf("getsockopt %s: bypassd answered with %T: %w", name, m, unix.EPROTO))
 	}
+	if name == "SO_MAX_PACING_RATE" && len(v.Value) == pacingReplyLen {
+		// The extended answer, read the way a u32 getsockopt reads it:
+		// bytes/s.
+		info, err := decodePacing(v.Value)
+		if err != nil {
+			return 0, u.opErr("get", netip.AddrPort{}, err)
+		}
+		return info.bytesPerSecond(), nil
+	}
 	val, err := o.decode(name, v.Value)
 	if err != nil {
 		return 0, u.opErr("get", netip.AddrPort{}, err)
@@ -660,9 +668,9 @@ func (u *UDPConn) Option(name string) (int, error) {
 	return val, nil
 }
 
-// SetMaxPacingRate limits the socket's send rate to bytesPerSec
-// (SO_MAX_PACING_RATE; 0xFFFFFFFF = unlimited). A bypassd without pacing
-// refuses it with an error matching unix.EOPNOTSUPP.
+// SetMaxPacingRate limits the socket's send rate to bytesPerSec of wire
+// bytes (SO_MAX_PACING_RATE: kbit/s = bytesPerSec/125; 0 or 0xFFFFFFFF
+// removes the limit). SetPacing sets the burst too.
 func (u *UDPConn) SetMaxPacingRate(bytesPerSec uint32) error {
 	return u.SetOption("SO_MAX_PACING_RATE", int(bytesPerSec))
 }

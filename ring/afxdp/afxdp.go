@@ -525,9 +525,12 @@ func (s *Socket) TXPending() int { return s.txPending }
 
 // Wait implements qp.Provider.
 func (s *Socket) Wait(timeout time.Duration, extra int) (bool, error) {
-	ms := -1
+	// ppoll, not poll: the engine sleeps until paced departures and
+	// needs microseconds, not poll's whole milliseconds.
+	var ts *unix.Timespec
 	if timeout >= 0 {
-		ms = int((timeout + time.Millisecond - 1) / time.Millisecond)
+		t := unix.NsecToTimespec(int64(timeout))
+		ts = &t
 	}
 	fds := s.pollFds[:1]
 	if extra >= 0 {
@@ -537,14 +540,14 @@ func (s *Socket) Wait(timeout time.Duration, extra int) (bool, error) {
 	if s.fill.needWakeup() {
 		s.fillEmpty.Add(1)
 	}
-	n, err := unix.Poll(fds, ms)
+	n, err := unix.Ppoll(fds, ts, nil)
 	if err != nil && err != unix.EINTR {
 		return false, fmt.Errorf("afxdp %s queue %d: poll: %w", s.cfg.IfName, s.cfg.Queue, err)
 	}
 	if s.pollFds[0].Revents&(unix.POLLERR|unix.POLLNVAL) != 0 {
 		return false, fmt.Errorf("afxdp %s queue %d: socket error (device gone?)", s.cfg.IfName, s.cfg.Queue)
 	}
-	if n == 0 && timeout > 0 {
+	if n == 0 && timeout >= time.Millisecond {
 		// A quiet spell: make sure the queue still exists. An interface
 		// that vanished unbinds the socket without waking poll(2).
 		if err := s.alive(); err != nil {

@@ -35,6 +35,11 @@ type Frame struct {
 	// HWTimestamp is the hardware receive timestamp in device ticks, or 0
 	// when the provider or driver gives none (a normal case).
 	HWTimestamp uint64
+	// SendQueue is, for TX, the rate-limited send queue the frame goes on
+	// (a number the engine gave RateLimiter.SetRateLimit); 0 is the
+	// provider's default, unpaced queue. Providers without RateLimiter
+	// ignore it.
+	SendQueue int
 }
 
 // Caps describes what a provider instance can do. Fields that later features
@@ -115,6 +120,8 @@ type Provider interface {
 	// Wait blocks until packets may have arrived, TX completions are due,
 	// or extra becomes readable, or the timeout passes (negative: forever).
 	// It reports whether extra became readable. extra < 0 is ignored.
+	// The timeout must be honoured to the microsecond, not rounded up to
+	// milliseconds: the engine sleeps until the next paced departure.
 	Wait(timeout time.Duration, extra int) (extraReady bool, err error)
 	// FD returns the file descriptor that the XDP steering map or the
 	// kernel associates with this queue (the XSK fd for AF_XDP).
@@ -136,6 +143,12 @@ type RateLimit struct {
 // RateLimiter is implemented by providers that pace in hardware (verbs:
 // ibv_modify_qp_rate_limit on a send queue). Software providers do not
 // implement it and the engine's scheduler paces instead.
+//
+// The engine numbers paced send queues from 1 and calls SetRateLimit when
+// an endpoint's rate is set or changed, then tags that endpoint's frames
+// with Frame.SendQueue. A zero RateLimit (Kbps 0) removes the limit: the
+// queue number is free and may be given out again. An error makes the
+// engine pace that endpoint in software on the default queue.
 type RateLimiter interface {
 	SetRateLimit(sendQueue int, rl RateLimit) error
 }

@@ -1,0 +1,88 @@
+package arrivals
+
+import (
+	"math"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+func paced(n, size int, gap, start int64) []Arrival {
+	out := make([]Arrival, n)
+	for i := range out {
+		out[i] = Arrival{T: start + int64(i)*gap, Len: size}
+	}
+	return out
+}
+
+func TestWindowRates(t *testing.T) {
+	// 1000-byte payloads + 42 = 1042 wire bytes every 83.36 µs: 100 Mbit/s.
+	arr := paced(30000, 1000, 83360, 5e9)
+	rates := WindowRates(arr, WireOverhead4, 5e9, time.Second, 2)
+	for i, r := range rates {
+		if math.Abs(r-100e6)/100e6 > 0.001 {
+			t.Errorf("window %d: %.0f bit/s, want 100 Mbit/s", i, r)
+		}
+	}
+}
+
+func TestMaxExcessAndJitter(t *testing.T) {
+	arr := paced(100, 958, 80000, 0) // 1000 wire bytes per 80 µs: 100 Mbit/s
+	if e := MaxExcess(arr, WireOverhead4, 100e6); math.Abs(e-1000) > 1e-6 {
+		t.Errorf("evenly paced: excess %.1f, want one datagram (1000)", e)
+	}
+	// Five datagrams at once in the middle: 4 more datagrams of excess.
+	for i := 50; i < 55; i++ {
+		arr[i].T = arr[50].T
+	}
+	if e := MaxExcess(arr, WireOverhead4, 100e6); math.Abs(e-5000) > 1e-6 {
+		t.Errorf("burst of 5: excess %.1f, want 5000", e)
+	}
+	j := GapJitter(paced(100, 958, 80000, 0), WireOverhead4, 100e6)
+	if j.P99 != 0 || j.Gaps != 99 {
+		t.Errorf("ideal gaps: %+v", j)
+	}
+}
+
+func TestRecordLoopback(t *testing.T) {
+	// Loopback of the test's own process: no lab needed for the recorder.
+	rx, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Skipf("no loopback UDP: %v", err)
+	}
+	defer rx.Close()
+	rec, err := Record(rx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := net.DialUDP("udp4", nil, rx.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	before := time.Now().UnixNano()
+	for i := 0; i < 10; i++ {
+		if _, err := tx.Write(make([]byte, 100+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for rec.Count() < 10 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	got, err := rec.Stop()
+	if err != nil || len(got) != 10 {
+		t.Fatalf("recorded %d datagrams (%v), want 10", len(got), err)
+	}
+	from := tx.LocalAddr().(*net.UDPAddr).AddrPort()
+	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+	for i, a := range got {
+		if a.Len != 100+i || a.From != from || a.T < before || a.T > time.Now().UnixNano() {
+			t.Errorf("arrival %d: %+v (sender %v)", i, a, from)
+		}
+	}
+	if n := len(From(got, from)); n != 10 {
+		t.Errorf("From selected %d", n)
+	}
+}

@@ -1,0 +1,224 @@
+package ring
+
+import (
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/ring/pacing"
+	"github.com/bypassd/bypassd/ring/qp"
+)
+
+// Pacing in the engine. A paced endpoint's datagrams stay in its TX queue
+// until their departure time (so backpressure reaches the sender through
+// its full queue, and nothing is dropped); the endpoint waits in the
+// engine's timing wheel meanwhile and the per-iteration pass over the
+// endpoints skips it. Unpaced endpoints are drained as before, never
+// behind paced ones. With a provider that paces in hardware
+// (qp.RateLimiter) the engine gives each paced endpoint its own send queue
+// and lets the device enforce the rate.
+
+// paceSpin is how close to the next departure the engine stops sleeping
+// and spins instead: a sleep ends up to a few tens of microseconds late on
+// a loaded machine, which would show as departure jitter.
+const paceSpin = 50 * time.Microsecond
+
+// paceState is an endpoint's pacing state, owned by the engine thread.
+type paceState struct {
+	// applied is the rate the endpoint is paced at, as last seen in
+	// Endpoint.rate (nil: unpaced).
+	applied *pacing.Rate
+	pacer   pacing.Pacer
+	// item files the endpoint in the wheel while its next datagram waits
+	// for its departure time.
+	item *pacing.Item[*Endpoint]
+	// hwQueue is the send queue a hardware rate limiter paces (0: the
+	// engine paces in software).
+	hwQueue int
+}
+
+// SetPacing paces the endpoint's transmissions at r from its next
+// datagram on; nil removes pacing. The rate's range and the device's rate
+// table are the caller's (the daemon's) business; a zero Kbps unpaces.
+func (ep *Endpoint) SetPacing(r *pacing.Rate) {
+	if r != nil && r.Kbps == 0 {
+		r = nil
+	}
+	if r != nil {
+		c := *r
+		r = &c
+	}
+	ep.rate.Store(r)
+	// A sleeping engine, or one holding the endpoint in its wheel, looks
+	// again.
+	_ = ep.r.doorbell.Wake()
+}
+
+// Pacing returns the endpoint's pacing rate; ok is false when unpaced.
+func (ep *Endpoint) Pacing() (r pacing.Rate, ok bool) {
+	if p := ep.rate.Load(); p != nil {
+		return *p, true
+	}
+	return pacing.Rate{}, false
+}
+
+// monotonic returns the engine's clock in nanoseconds.
+func (e *engine) monotonic() int64 { return int64(time.Since(e.clockBase)) }
+
+func (e *engine) initPacing() {
+	e.clockBase = time.Now()
+	e.wheel = pacing.NewWheel[*Endpoint](0)
+	e.paced = map[*Endpoint]struct{}{}
+	e.hwRate, _ = e.r.prov.(qp.RateLimiter)
+}
+
+// pacingThread prepares the engine thread: a timer slack of 1 µs instead
+// of Linux's default 50 µs, so sleeps until a departure end on time.
+func (e *engine) pacingThread() {
+	if err := unix.Prctl(unix.PR_SET_TIMERSLACK, 1000, 0, 0, 0); err != nil {
+		e.r.log.Debug("cannot lower the engine thread's timer slack; paced departures may be later", zap.Error(err))
+	}
+}
+
+// paceAdvance reads the clock for this transmit pass and releases the
+// endpoints whose departure time has come.
+func (e *engine) paceAdvance() {
+	e.now = e.monotonic()
+	if e.wheel.Len() > 0 {
+		e.wheel.Advance(e.now, func(*pacing.Item[*Endpoint]) {})
+	}
+}
+
+// paceWaiting reports whether ep waits in the wheel with an unchanged
+// rate (the transmit pass skips it).
+func (ep *Endpoint) paceWaiting() bool {
+	return ep.pace.item != nil && ep.pace.item.Queued() && ep.rate.Load() == ep.pace.applied
+}
+
+// paceSync applies a rate change made with SetPacing.
+func (e *engine) paceSync(ep *Endpoint) {
+	r := ep.rate.Load()
+	ps := &ep.pace
+	if r == ps.applied {
+		return
+	}
+	if ps.item == nil {
+		ps.item = pacing.NewItem(ep)
+	}
+	e.wheel.Remove(ps.item)
+	ps.applied = r
+	if r == nil {
+		e.paceForget(ep)
+		return
+	}
+	if _, ok := e.paced[ep]; !ok {
+		e.paced[ep] = struct{}{}
+		e.r.stats.PacedQueues.Store(uint64(len(e.paced)))
+	}
+	if e.hwRate != nil && e.setHardwareRate(ep, *r) {
+		return
+	}
+	ps.pacer.Set(*r, e.now)
+}
+
+// setHardwareRate asks the provider to pace ep's send queue; false means
+// it refused and the engine paces in software.
+func (e *engine) setHardwareRate(ep *Endpoint, r pacing.Rate) bool {
+	ps := &ep.pace
+	if ps.hwQueue == 0 {
+		if n := len(e.hwFree); n > 0 {
+			ps.hwQueue, e.hwFree = e.hwFree[n-1], e.hwFree[:n-1]
+		} else {
+			e.hwNext++
+			ps.hwQueue = e.hwNext
+		}
+	}
+	err := e.hwRate.SetRateLimit(ps.hwQueue, qp.RateLimit{Kbps: r.Kbps, MaxBurst: r.MaxBurst, TypicalBytes: r.TypicalBytes})
+	if err != nil {
+		e.r.log.Warn("hardware rate limit refused; pacing in software", zap.Stringer("local", ep.local), zap.Stringer("rate", r), zap.Error(err))
+		e.hwFree = append(e.hwFree, ps.hwQueue)
+		ps.hwQueue = 0
+		return false
+	}
+	return true
+}
+
+// paceForget drops ep's pacing state (unpaced, or gone from the table).
+func (e *engine) paceForget(ep *Endpoint) {
+	ps := &ep.pace
+	if ps.item != nil {
+		e.wheel.Remove(ps.item)
+	}
+	if ps.hwQueue != 0 {
+		if err := e.hwRate.SetRateLimit(ps.hwQueue, qp.RateLimit{}); err != nil {
+			e.r.log.Warn("cannot clear a hardware rate limit", zap.Int("send_queue", ps.hwQueue), zap.Error(err))
+		}
+		e.hwFree = append(e.hwFree, ps.hwQueue)
+		ps.hwQueue = 0
+	}
+	ps.applied = nil
+	delete(e.paced, ep)
+	e.r.stats.PacedQueues.Store(uint64(len(e.paced)))
+}
+
+// prunePaced forgets the pacing state of endpoints no longer in t, before
+// the engine could touch their queues again.
+func (e *engine) prunePaced(t *table) {
+	if len(e.paced) == 0 {
+		return
+	}
+	live := make(map[*Endpoint]bool, len(t.all))
+	for _, ep := range t.all {
+		live[ep] = true
+	}
+	for ep := range e.paced {
+		if !live[ep] {
+			e.paceForget(ep)
+		}
+	}
+}
+
+// paceAllow reports whether ep's next datagram, of wire bytes, may leave
+// now. If not, ep waits in the wheel until its departure time.
+func (e *engine) paceAllow(ep *Endpoint, wire int) bool {
+	ps := &ep.pace
+	if ps.hwQueue != 0 {
+		return true
+	}
+	// A fresh clock: a pass that was preempted must not send (and charge)
+	// at the time it started, or the delay would add to the next burst.
+	e.now = e.monotonic()
+	due := ps.pacer.Due(wire)
+	if due <= e.now {
+		return true
+	}
+	e.wheel.Insert(ps.item, due)
+	e.r.stats.TXPaceWaits.Add(1)
+	return false
+}
+
+// paceCharge records the departure of a paced datagram of wire bytes.
+func (e *engine) paceCharge(ep *Endpoint, wire int) {
+	if ep.pace.hwQueue == 0 {
+		ep.pace.pacer.Charge(e.now, wire)
+	}
+	e.r.stats.TXPaced.Add(1)
+}
+
+// paceTimeout shortens a sleep of at most d so that the engine wakes
+// paceSpin before the next departure.
+func (e *engine) paceTimeout(d time.Duration) time.Duration {
+	next, ok := e.wheel.Next()
+	if !ok {
+		return d
+	}
+	return max(min(d, time.Duration(next-e.monotonic())-paceSpin), 0)
+}
+
+// paceImminent reports whether a departure is due within paceSpin: the
+// engine spins rather than sleeps.
+func (e *engine) paceImminent() bool {
+	next, ok := e.wheel.Next()
+	return ok && time.Duration(next-e.monotonic()) < paceSpin
+}
