@@ -24,6 +24,7 @@ func queryTopics() map[string]queryFunc {
 		ctlproto.TopicSessions: (*Daemon).querySessions,
 		ctlproto.TopicFlows:    (*Daemon).queryFlows,
 		ctlproto.TopicDevices:  (*Daemon).queryDevices,
+		ctlproto.TopicRates:    (*Daemon).queryRates,
 	}
 }
 

@@ -44,8 +44,10 @@ type Stats struct {
 	Wakeups atomic.Uint64
 	// TXPaced counts datagrams sent from paced endpoints; TXPaceWaits
 	// times a paced endpoint's next datagram waited for its departure
-	// time; PacedQueues is the number of paced endpoints now (a gauge).
-	TXPaced, TXPaceWaits, PacedQueues atomic.Uint64
+	// time; TXPaceLate those waits that ended later than the burst
+	// allowance makes up for (rate lost); PacedQueues is the number of
+	// paced endpoints now (a gauge).
+	TXPaced, TXPaceWaits, TXPaceLate, PacedQueues atomic.Uint64
 }
 
 // Stats returns the ring's counters.

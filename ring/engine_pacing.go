@@ -1,7 +1,9 @@
 package ring
 
 import (
+	"fmt"
 	"time"
+	"unsafe"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -22,7 +24,7 @@ import (
 // paceSpin is how close to the next departure the engine stops sleeping
 // and spins instead: a sleep ends up to a few tens of microseconds late on
 // a loaded machine, which would show as departure jitter.
-const paceSpin = 50 * time.Microsecond
+const paceSpin = 10 * time.Microsecond
 
 // paceState is an endpoint's pacing state, owned by the engine thread.
 type paceState struct {
@@ -74,11 +76,28 @@ func (e *engine) initPacing() {
 }
 
 // pacingThread prepares the engine thread: a timer slack of 1 µs instead
-// of Linux's default 50 µs, so sleeps until a departure end on time.
+// of Linux's default 50 µs, so sleeps until a departure end on time, and
+// the real-time priority asked for.
 func (e *engine) pacingThread() {
 	if err := unix.Prctl(unix.PR_SET_TIMERSLACK, 1000, 0, 0, 0); err != nil {
 		e.r.log.Debug("cannot lower the engine thread's timer slack; paced departures may be later", zap.Error(err))
 	}
+	if p := e.r.cfg.RealtimePriority; p > 0 {
+		if err := setFIFO(p); err != nil {
+			e.r.log.Warn("cannot give the engine thread real-time priority (needs CAP_SYS_NICE); it runs under the normal scheduler",
+				zap.Int("priority", p), zap.Error(err))
+		}
+	}
+}
+
+// setFIFO puts the calling thread under SCHED_FIFO at priority prio.
+func setFIFO(prio int) error {
+	param := struct{ priority int32 }{int32(prio)}
+	_, _, errno := unix.RawSyscall(unix.SYS_SCHED_SETSCHEDULER, 0, unix.SCHED_FIFO, uintptr(unsafe.Pointer(&param)))
+	if errno != 0 {
+		return fmt.Errorf("sched_setscheduler SCHED_FIFO %d: %w", prio, errno)
+	}
+	return nil
 }
 
 // paceAdvance reads the clock for this transmit pass and releases the
@@ -86,7 +105,16 @@ func (e *engine) pacingThread() {
 func (e *engine) paceAdvance() {
 	e.now = e.monotonic()
 	if e.wheel.Len() > 0 {
-		e.wheel.Advance(e.now, func(*pacing.Item[*Endpoint]) {})
+		e.wheel.Advance(e.now, e.fired)
+	}
+}
+
+// fired counts a departure that came later than the burst allowance can
+// make up for: the rate lost that time (the engine was not scheduled, or
+// busy elsewhere).
+func (e *engine) fired(it *pacing.Item[*Endpoint]) {
+	if e.now-it.Due() > it.Value.pace.pacer.BurstNs() {
+		e.r.stats.TXPaceLate.Add(1)
 	}
 }
 

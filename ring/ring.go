@@ -78,6 +78,10 @@ type Config struct {
 	// CPUs pins the engine thread to these CPUs (empty: no pinning), like
 	// VMA's internal thread affinity.
 	CPUs []int
+	// RealtimePriority runs the engine thread under SCHED_FIFO at this
+	// priority (1..99; 0: the normal scheduler). Paced departures then
+	// keep time on a machine whose CPUs are busy with other work.
+	RealtimePriority int
 
 	// Batch is the largest number of frames moved per provider call
 	// (default 64).

@@ -253,6 +253,10 @@ type ListenConfig struct {
 	// 0 for the daemon's default, else a power of two from 4 KiB to 16 MiB.
 	// A queue holds datagrams up to about half its size.
 	QueueBytes int
+	// Pacing, when its Kbps is not 0, paces the socket from its first
+	// datagram (SO_MAX_PACING_RATE set before the bind; SetPacing
+	// changes it later).
+	Pacing Pacing
 }
 
 // ListenUDP opens a UDP socket and binds it to laddr. network is "udp4",
@@ -365,7 +369,7 @@ func (c *Client) open(network string, laddr, raddr netip.AddrPort, cfg ListenCon
 	if err := c.register(u); err != nil {
 		return nil, err
 	}
-	if err := u.bindConnect(laddr, raddr, cfg.ReuseAddr); err != nil {
+	if err := u.bindConnect(laddr, raddr, cfg); err != nil {
 		_ = u.Close()
 		return nil, err
 	}
@@ -453,13 +457,18 @@ func (c *Client) register(u *UDPConn) error {
 	return nil
 }
 
-func (u *UDPConn) bindConnect(laddr, raddr netip.AddrPort, reuse bool) error {
-	if reuse {
+func (u *UDPConn) bindConnect(laddr, raddr netip.AddrPort, cfg ListenConfig) error {
+	if cfg.ReuseAddr {
 		if err := u.SetOption("SO_REUSEADDR", 1); err != nil {
 			return err
 		}
 	}
-	m, err := u.request(ctlproto.CodeBind, ctlproto.Bind{Addr: laddr, ReuseAddr: reuse})
+	if cfg.Pacing.Kbps != 0 {
+		if err := u.SetPacing(cfg.Pacing); err != nil {
+			return err
+		}
+	}
+	m, err := u.request(ctlproto.CodeBind, ctlproto.Bind{Addr: laddr, ReuseAddr: cfg.ReuseAddr})
 	if err != nil {
 		return fmt.Errorf("bind %v: %w", laddr, err)
 	}

@@ -79,3 +79,27 @@ func GapJitter(arr []Arrival, overhead int, bitsPerSec float64) Jitter {
 	}
 	return Jitter{P50: pct(0.5), P99: pct(0.99), Max: time.Duration(devs[len(devs)-1]), Gaps: len(devs)}
 }
+
+// Accuracy is how close a paced stream came to its rate over consecutive
+// windows.
+type Accuracy struct {
+	// Rates are the per-window rates in bit/s, Errors their relative
+	// errors ((rate − want)/want).
+	Rates, Errors []float64
+	// Mean is the mean of |Errors|; Worst the error of largest magnitude.
+	Mean, Worst float64
+}
+
+// MeasureAccuracy compares WindowRates with want (bit/s).
+func MeasureAccuracy(arr []Arrival, overhead int, start int64, win time.Duration, n int, want float64) Accuracy {
+	a := Accuracy{Rates: WindowRates(arr, overhead, start, win, n)}
+	for _, r := range a.Rates {
+		e := (r - want) / want
+		a.Errors = append(a.Errors, e)
+		a.Mean += math.Abs(e) / float64(n)
+		if math.Abs(e) > math.Abs(a.Worst) {
+			a.Worst = e
+		}
+	}
+	return a
+}

@@ -523,6 +523,10 @@ func (s *Socket) Complete() int {
 // TXPending implements qp.Provider.
 func (s *Socket) TXPending() int { return s.txPending }
 
+// shortWait bounds the sleeps Wait makes without giving up the thread's
+// P (see Wait).
+const shortWait = time.Millisecond
+
 // Wait implements qp.Provider.
 func (s *Socket) Wait(timeout time.Duration, extra int) (bool, error) {
 	// ppoll, not poll: the engine sleeps until paced departures and
@@ -540,7 +544,19 @@ func (s *Socket) Wait(timeout time.Duration, extra int) (bool, error) {
 	if s.fill.needWakeup() {
 		s.fillEmpty.Add(1)
 	}
-	n, err := unix.Ppoll(fds, ts, nil)
+	var n int
+	var err error
+	if timeout >= 0 && timeout < shortWait {
+		// A short sleep until a paced departure keeps the thread's P, as
+		// kickTX does: given up, it may not be free again on waking,
+		// and the engine would wake on time only to wait for the runtime.
+		r, _, e := unix.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&fds[0])), uintptr(len(fds)), uintptr(unsafe.Pointer(ts)), 0, 0, 0)
+		if n = int(r); e != 0 {
+			err = e
+		}
+	} else {
+		n, err = unix.Ppoll(fds, ts, nil)
+	}
 	if err != nil && err != unix.EINTR {
 		return false, fmt.Errorf("afxdp %s queue %d: poll: %w", s.cfg.IfName, s.cfg.Queue, err)
 	}

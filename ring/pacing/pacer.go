@@ -36,6 +36,10 @@ func (p *Pacer) Set(r Rate, now int64) {
 	p.tat, p.frac = now, 0
 }
 
+// BurstNs is the burst allowance in time: how late a departure may be
+// and still be made up.
+func (p *Pacer) BurstNs() int64 { return p.burstNs }
+
 // Rate returns the pacer's rate.
 func (p *Pacer) Rate() Rate { return p.rate }
 
