@@ -174,6 +174,9 @@ type Config struct {
 	// in bypassd_build_info.
 	Version string
 
+	// EnginePriority runs the ring engine threads under SCHED_FIFO at
+	// this priority (ring.Config.RealtimePriority; 0: normal scheduler).
+	EnginePriority int
 	// Pacing configures every interface's rate table (Device is filled
 	// in per interface; a hardware provider's own range replaces
 	// MinKbps/MaxKbps).
@@ -324,6 +327,9 @@ func (c Config) resolve() (resolved, error) {
 		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
 			return r, fmt.Errorf("metrics address %q: want HOST:PORT such as 127.0.0.1:9465 (empty: no metrics)", c.MetricsAddr)
 		}
+	}
+	if c.EnginePriority < 0 || c.EnginePriority > 99 {
+		return r, fmt.Errorf("engine priority %d: want 0 (normal scheduler) or a SCHED_FIFO priority 1..99", c.EnginePriority)
 	}
 	if err := c.Pacing.Validate(); err != nil {
 		return r, err

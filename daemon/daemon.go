@@ -130,19 +130,20 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 	for _, it := range rc.Interfaces {
 		rlog := log.With(zap.String("iface", it.Name), zap.Int("queue", it.Queue))
 		r, err := ring.Open(ring.Config{
-			HWTimestamps: hwts,
-			Interface:    it.Name,
-			Queue:        it.Queue,
-			Provider:     chooseProvider(rc.Provider, d.device(it.Name).rdma, rlog),
-			Frames:       rc.Frames,
-			XDPMode:      rc.XDPMode,
-			CPUs:         rc.CPUs,
-			Poll:         rc.EnginePoll,
-			RXPoll:       rc.RXPoll,
-			QueueBytes:   rc.QueueBytes,
-			DevMemTX:     rc.DevMemTX,
-			DevMemInline: rc.DevMemInline,
-			Log:          rlog,
+			HWTimestamps:     hwts,
+			Interface:        it.Name,
+			Queue:            it.Queue,
+			Provider:         chooseProvider(rc.Provider, d.device(it.Name).rdma, rlog),
+			Frames:           rc.Frames,
+			XDPMode:          rc.XDPMode,
+			CPUs:             rc.CPUs,
+			RealtimePriority: rc.EnginePriority,
+			Poll:             rc.EnginePoll,
+			RXPoll:           rc.RXPoll,
+			QueueBytes:       rc.QueueBytes,
+			DevMemTX:         rc.DevMemTX,
+			DevMemInline:     rc.DevMemInline,
+			Log:              rlog,
 		})
 		if err != nil {
 			if errors.Is(err, unix.EBUSY) {

@@ -195,6 +195,9 @@ func Open(cfg Config) (_ *Ring, err error) {
 	if cfg.DevMemTX < 0 {
 		return nil, fmt.Errorf("ring %s/%d: device memory %d bytes: must be 0 (off) or positive", cfg.Interface, cfg.Queue, cfg.DevMemTX)
 	}
+	if cfg.RealtimePriority < 0 || cfg.RealtimePriority > 99 {
+		return nil, fmt.Errorf("ring %s/%d: real-time priority %d: want 0 (normal scheduler) or 1..99", cfg.Interface, cfg.Queue, cfg.RealtimePriority)
+	}
 	if cfg.ResolveTimeout < 0 {
 		return nil, fmt.Errorf("ring %s/%d: negative resolve timeout %v", cfg.Interface, cfg.Queue, cfg.ResolveTimeout)
 	}
