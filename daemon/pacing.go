@@ -10,6 +10,7 @@ import (
 
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/ring/pacing"
+	"github.com/bypassd/bypassd/stats"
 )
 
 // Packet pacing on the daemon's side: one rate table per interface, shared
@@ -162,4 +163,25 @@ func (d *Daemon) queryRates(*session) (any, error) {
 		doc.Tables = append(doc.Tables, td)
 	}
 	return doc, nil
+}
+
+// pacingCounters fills a ring block's pacing counters: the ring's own and
+// its interface's rate table (the same on every ring of the interface).
+func (ri *ringInfo) pacingCounters(c *stats.RingCounters) {
+	rs := ri.r.Stats()
+	c[stats.RingPacedQueues] = rs.PacedQueues.Load()
+	c[stats.RingTXPaced] = rs.TXPaced.Load()
+	c[stats.RingTXPaceWaits] = rs.TXPaceWaits.Load()
+	c[stats.RingTXPaceLate] = rs.TXPaceLate.Load()
+	if ri.rates == nil {
+		return
+	}
+	used, _ := ri.rates.Used()
+	st := ri.rates.Stats()
+	c[stats.RingRateEntries] = uint64(used)
+	c[stats.RingRateCapacity] = uint64(ri.rates.Config().Capacity)
+	c[stats.RingRateShared] = st.Shared.Load()
+	c[stats.RingRateNearest] = st.Nearest.Load()
+	c[stats.RingRateRefusedFull] = st.RefusedFull.Load()
+	c[stats.RingRateRefusedRange] = st.RefusedRange.Load()
 }

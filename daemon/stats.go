@@ -538,6 +538,7 @@ func (d *Daemon) ringBlocks() []stats.Ring {
 		if e, ok := r.HWTimestampErrorNs(); ok && e > 0 {
 			c[stats.RingHWTSErrorNs] = uint64(e)
 		}
+		ri.pacingCounters(c)
 		out = append(out, b)
 	}
 	return out

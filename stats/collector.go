@@ -101,6 +101,10 @@ var ringSeries = []struct {
 	{RingDevMemInline, counter("ring_dev_mem_inline_packets_total", "Frames at or under the inline threshold, never staged.", ringLabels...)},
 	{RingDevMemOOB, counter("ring_dev_mem_oob_packets_total", "Frames over the inline threshold the staging region could not hold, sent from host memory.", ringLabels...)},
 	{RingDevMemErrors, counter("ring_dev_mem_errors_total", "Staging faults: out-of-order completions of staged frames, failed copies.", ringLabels...)},
+	{RingPacedQueues, gauge("ring_paced_sockets", "Sockets on the ring paced with SO_MAX_PACING_RATE.", ringLabels...)},
+	{RingTXPaced, counter("ring_tx_paced_packets_total", "Datagrams sent from paced sockets.", ringLabels...)},
+	{RingTXPaceWaits, counter("ring_tx_pace_waits_total", "Times a paced socket's next datagram waited for its departure time.", ringLabels...)},
+	{RingTXPaceLate, counter("ring_tx_pace_late_total", "Paced departures later than the burst allowance could make up for (rate lost).", ringLabels...)},
 }
 
 var (
@@ -138,7 +142,12 @@ var (
 		{RingXDPNoSocket, counter("xdp_no_socket_packets_total", "Frames of an offloaded flow whose queue had no socket, left to the kernel.", "interface")},
 		{RingXDPFragments, counter("xdp_fragments_total", "IP fragments the XDP program redirected (part of the redirected frames).", "interface")},
 		{RingXDPMalformed, counter("xdp_malformed_packets_total", "Frames with truncated or inconsistent headers, left to the kernel.", "interface")},
+		{RingRateEntries, gauge("rate_table_entries", "Pacing rate table entries in use.", "interface")},
+		{RingRateCapacity, gauge("rate_table_capacity", "Pacing rate table entries.", "interface")},
+		{RingRateShared, counter("rate_table_shared_total", "Pacing rates granted by sharing an entry.", "interface")},
+		{RingRateNearest, counter("rate_table_nearest_total", "Pacing rates granted as the nearest rate in use of a full table.", "interface")},
 	}
+	rateRefused = counter("rate_table_refusals_total", "Pacing rates refused, by reason: full (table or paced socket limit) or range.", "interface", "reason")
 
 	clientLabels = []string{"pid", "command"}
 	clientSeries = []struct {
@@ -200,7 +209,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, s := range ringSeries {
 		ch <- s.d.d
 	}
-	for _, d := range []desc{ringRXDropped, ringTXDropped, ringReasm, ringInfo, ringSockets, ringUMEM, ringDevMem, ringStopped, ringHWTSMode, ringHWTSError,
+	for _, d := range []desc{rateRefused, ringRXDropped, ringTXDropped, ringReasm, ringInfo, ringSockets, ringUMEM, ringDevMem, ringStopped, ringHWTSMode, ringHWTSError,
 		clientTXDropped, clientSockets, clientQueueMem, clientsGauge, clientsOther, ctlRequests, ctlErrors} {
 		ch <- d.d
 	}
@@ -257,6 +266,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			for _, s := range xdpSeries {
 				ch <- s.d.metric(float64(r.Counters[s.c]), r.Interface)
 			}
+			ch <- rateRefused.metric(float64(r.Counters[RingRateRefusedFull]), r.Interface, "full")
+			ch <- rateRefused.metric(float64(r.Counters[RingRateRefusedRange]), r.Interface, "range")
 		}
 	}
 

@@ -287,6 +287,16 @@ const (
 	RingDevMemErrors                           // staging faults: out-of-order completions, failed copies
 	RingHWTSMode                               // gauge: effective hardware timestamp conversion mode, 0..4
 	RingHWTSErrorNs                            // gauge: estimated error of converted hardware timestamps in ns (sync mode; else 0)
+	RingPacedQueues                            // gauge: paced sockets on the ring
+	RingTXPaced                                // datagrams sent from paced sockets
+	RingTXPaceWaits                            // times a paced socket's next datagram waited for its departure time
+	RingTXPaceLate                             // departures later than the burst allowance makes up for (rate lost)
+	RingRateEntries                            // gauge: rate table entries in use (interface-wide)
+	RingRateCapacity                           // gauge: rate table entries (interface-wide)
+	RingRateShared                             // rates granted by sharing an entry (interface-wide)
+	RingRateNearest                            // rates granted as the nearest rate of a full table (interface-wide)
+	RingRateRefusedFull                        // rates refused: table full or paced socket limit (interface-wide)
+	RingRateRefusedRange                       // rates refused: outside the interface's range (interface-wide)
 	NumRingCounters                            // number of ring counters in this version
 )
 
@@ -311,6 +321,8 @@ var ringCounterNames = [NumRingCounters]string{
 	"reasm_overlaps", "reasm_invalid", "reasm_too_big", "xdp_redirected", "xdp_passed", "xdp_no_socket",
 	"xdp_fragments", "xdp_malformed", "dev_mem_staged_packets", "dev_mem_staged_bytes", "dev_mem_inline",
 	"dev_mem_oob", "dev_mem_errors", "hw_ts_mode", "hw_ts_error_ns",
+	"paced_queues", "tx_paced", "tx_pace_waits", "tx_pace_late",
+	"rate_entries", "rate_capacity", "rate_shared", "rate_nearest", "rate_refused_full", "rate_refused_range",
 }
 
 func (c RingCounter) String() string {

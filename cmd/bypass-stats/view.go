@@ -373,6 +373,11 @@ func (v *viewer) ringBlock(r *stats.Ring, prev *stats.Snapshot, _ *stats.Snapsho
 	fmt.Fprintf(w, "\tDev Mem Stats: %d / %d / %d [kilobytes/packets/oob]\n",
 		kb(c(stats.RingDevMemStagedBytes)), c(stats.RingDevMemStagedPackets), c(stats.RingDevMemOOB))
 	fmt.Fprintf(w, "\tDev Mem Inline: %d, errors: %d\n", c(stats.RingDevMemInline), c(stats.RingDevMemErrors))
+	fmt.Fprintf(w, "\tPacing: %d / %d / %d / %d [paced sockets/paced packets/delayed/late]\n",
+		c(stats.RingPacedQueues), c(stats.RingTXPaced), c(stats.RingTXPaceWaits), c(stats.RingTXPaceLate))
+	fmt.Fprintf(w, "\tRate table (%s): %d of %d used, shared %d, nearest %d, refused %d / %d [full/range]\n", r.Interface,
+		c(stats.RingRateEntries), c(stats.RingRateCapacity), c(stats.RingRateShared), c(stats.RingRateNearest),
+		c(stats.RingRateRefusedFull), c(stats.RingRateRefusedRange))
 	fmt.Fprintf(w, "\tReassembly: %d / %d / %d / %d / %d / %d [reassembled/timeouts/evicted/overlaps/invalid/too big]\n",
 		c(stats.RingReasmReassembled), c(stats.RingReasmTimeouts), c(stats.RingReasmEvicted), c(stats.RingReasmOverlaps),
 		c(stats.RingReasmInvalid), c(stats.RingReasmTooBig))
