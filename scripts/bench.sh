@@ -18,5 +18,8 @@ go run ./bench/udpbench -ts-cmp -stats-cmp=false -only rx-ring,rx-shim -runs 5 -
 echo "-- per-datagram costs: AF_XDP metadata read, engine stamps (sync conversion included), shim slots"
 go test -run '^$' -bench 'ReadMeta|Stamps|Timestamps' -benchtime 500ms ./ring/afxdp/ ./ring/ ./socket/ | grep -E '^(Benchmark|ok)'
 echo
-echo "== packet path micro-benchmarks"
-go test -run '^$' -bench . -benchmem ./ring/packet/ ./ring/reassembly/ ./ring/devmem/ ./ring/tsconv/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'
+echo "== packet pacing: rate error and jitter per rate, idle CPU with paced silent sockets"
+scripts/bench-pacing.sh
+echo
+echo "== packet path micro-benchmarks (pacing: scheduler ns per paced datagram at 1, 1000, 10000 flows)"
+go test -run '^$' -bench . -benchmem ./ring/packet/ ./ring/reassembly/ ./ring/devmem/ ./ring/tsconv/ ./ring/pacing/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'

@@ -284,6 +284,12 @@ func (c *Client) ListenUDPConfig(network string, laddr netip.AddrPort, cfg Liste
 // address and a chosen port) and connects it to raddr, after which it
 // receives only raddr's datagrams and Write sends to raddr.
 func (c *Client) DialUDP(network string, laddr, raddr netip.AddrPort) (*UDPConn, error) {
+	return c.DialUDPConfig(network, laddr, raddr, ListenConfig{})
+}
+
+// DialUDPConfig is DialUDP with options that must be set before the
+// socket is bound.
+func (c *Client) DialUDPConfig(network string, laddr, raddr netip.AddrPort, cfg ListenConfig) (*UDPConn, error) {
 	if !c.ok() {
 		return nil, opError("dial", network, udpAddr(laddr), udpAddr(raddr), errNoClient)
 	}
@@ -291,7 +297,7 @@ func (c *Client) DialUDP(network string, laddr, raddr netip.AddrPort) (*UDPConn,
 		return nil, opError("dial", network, udpAddr(laddr), udpAddr(raddr),
 			fmt.Errorf("remote address %v needs an IP address and a port: %w", raddr, unix.EDESTADDRREQ))
 	}
-	u, err := c.open(network, laddr, raddr, ListenConfig{})
+	u, err := c.open(network, laddr, raddr, cfg)
 	if err != nil {
 		return nil, opError("dial", network, udpAddr(laddr), udpAddr(raddr), err)
 	}

@@ -13,7 +13,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/arrivals"
+	"github.com/bypassd/bypassd/internal/netlab"
 )
 
 // TestE2EPacing paces client sockets through bypassd: one set before the
@@ -23,9 +26,14 @@ import (
 // in force. A non-blocking paced socket would-blocks instead of dropping,
 // and bad rates are refused with the range in the message.
 func TestE2EPacing(t *testing.T) {
-	l := newLab(t)
+	// The engine at real-time priority, as a deployment that needs exact
+	// pacing on a shared machine runs it (--engine-priority).
+	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
+	srv := daemontest.Start(t, p, daemon.Config{EnginePriority: 10, Frames: 4096}, nil)
+	l := &lab{p: p, d: srv.Daemon, dir: srv.Dir, path: srv.SocketPath()}
 	c := l.client(t)
 	const size = 1400
+	late := arrivals.Sample(20*time.Millisecond, l.d.Rings()[0].Stats().TXPaceLate.Load)
 	recv := func() (*arrivals.Recorder, netip.AddrPort) {
 		k := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
 		rec, err := arrivals.Record(k)
@@ -43,7 +51,7 @@ func TestE2EPacing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer u1.Close()
-	u2, err := c.DialUDP("udp4", netip.AddrPortFrom(l.p.A.Addr4(), 0), dst2)
+	u2, err := c.DialUDPConfig("udp4", netip.AddrPortFrom(l.p.A.Addr4(), 0), dst2, ListenConfig{QueueBytes: 4 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,16 +88,25 @@ func TestE2EPacing(t *testing.T) {
 	_ = u1.SetWriteDeadline(time.Now())
 	_ = u2.SetWriteDeadline(time.Now())
 	wg.Wait()
+	late.Stop()
 
 	arr1, err1 := rec1.Stop()
 	arr2, err2 := rec2.Stop()
 	if err := errors.Join(err1, err2); err != nil || len(arr1) == 0 || len(arr2) == 0 {
 		t.Fatalf("receivers: %d and %d datagrams, %v", len(arr1), len(arr2), err)
 	}
+	// Windows in which the engine was late beyond its burst allowance
+	// (the machine starved it, and it said so) are logged, not judged.
+	judged := 0
 	check := func(name string, arr []arrivals.Arrival, start int64, n int, kbps float64) {
 		acc := arrivals.MeasureAccuracy(arr, arrivals.WireOverhead4, start, time.Second, n, kbps*1000)
-		t.Logf("%s at %.0f kbit/s: per-window errors %.3f (mean %.3f%%)", name, kbps, acc.Errors, 100*acc.Mean)
+		t.Logf("%s at %.0f kbit/s: per-window errors %.4f (mean %.3f%%)", name, kbps, acc.Errors, 100*acc.Mean)
 		for i, e := range acc.Errors {
+			if late.Moved(start+int64(i)*int64(time.Second), start+int64(i+1)*int64(time.Second)) {
+				t.Logf("%s: window %d not judged: the engine was late beyond its burst allowance", name, i)
+				continue
+			}
+			judged++
 			if math.Abs(e) > 0.01 {
 				t.Errorf("%s: window %d: %.3f Mbit/s (%+.2f%%), want %.0f kbit/s ±1%%", name, i, acc.Rates[i]/1e6, 100*e, kbps)
 			}
@@ -142,5 +159,8 @@ func TestE2EPacing(t *testing.T) {
 	}
 	if info, err := u1.PacingInfo(); err != nil || info.Kbps != 50_000 {
 		t.Errorf("after refused changes the socket is paced at %+v (%v), want 50 Mbit/s still", info, err)
+	}
+	if judged == 0 {
+		t.Skipf("no rate window could be judged: the machine starved the engine (%d late departures)", l.d.Rings()[0].Stats().TXPaceLate.Load())
 	}
 }

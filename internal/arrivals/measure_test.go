@@ -4,6 +4,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 )
@@ -84,5 +85,31 @@ func TestRecordLoopback(t *testing.T) {
 	}
 	if n := len(From(got, from)); n != 10 {
 		t.Errorf("From selected %d", n)
+	}
+}
+
+func TestSampler(t *testing.T) {
+	var v uint64
+	var mu sync.Mutex
+	read := func() uint64 { mu.Lock(); defer mu.Unlock(); return v }
+	s := Sample(time.Millisecond, read)
+	t0 := time.Now().UnixNano()
+	time.Sleep(20 * time.Millisecond)
+	t1 := time.Now().UnixNano()
+	mu.Lock()
+	v++
+	mu.Unlock()
+	time.Sleep(20 * time.Millisecond)
+	t2 := time.Now().UnixNano()
+	time.Sleep(5 * time.Millisecond)
+	s.Stop()
+	if s.Moved(t0+int64(time.Millisecond), t1-int64(5*time.Millisecond)) {
+		t.Error("moved in a quiet window")
+	}
+	if !s.Moved(t0+int64(time.Millisecond), t2) {
+		t.Error("did not move across the change")
+	}
+	if !s.Moved(t2+int64(time.Hour), t2+int64(2*time.Hour)) {
+		t.Error("a window after the samples must count as moved")
 	}
 }
