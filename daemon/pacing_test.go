@@ -79,8 +79,8 @@ func TestPacingOption(t *testing.T) {
 		errno unix.Errno
 		text  string
 	}{
-		{le32(124), unix.ERANGE, "1000..100000000 kbit/s"},           // 0 kbit/s but not 0
-		{le32(124_999), unix.ERANGE, "125000..12500000000 bytes/s"},  // 999 kbit/s
+		{le32(124), unix.ERANGE, "1000..100000000 kbit/s"},            // 0 kbit/s but not 0
+		{le32(124_999), unix.ERANGE, "125000..12500000000 bytes/s"},   // 999 kbit/s
 		{pacingStruct(100_000_001, 0, 0, 10), unix.ERANGE, "outside"}, // above 100 Gbit/s
 		{[]byte{1, 2, 3, 4, 5, 6, 7, 8}, unix.EINVAL, "10-byte struct"},
 		{append(pacingStruct(10_000, 0, 0, 10), 1, 0), unix.EINVAL, "padding"},

@@ -234,8 +234,8 @@ func TestErrnoPropagation(t *testing.T) {
 		t.Errorf("JoinGroup refused: %v, want set error matching EADDRNOTAVAIL", err)
 	}
 	err = u.SetMaxPacingRate(125000)
-	if !errors.Is(err, unix.EOPNOTSUPP) || !strings.Contains(err.Error(), "pacing is not supported") {
-		t.Errorf("SetMaxPacingRate: %v, want EOPNOTSUPP saying pacing is not supported", err)
+	if !errors.Is(err, unix.EOPNOTSUPP) || !strings.Contains(err.Error(), "this bypassd cannot pace") {
+		t.Errorf("SetMaxPacingRate to a daemon without pacing: %v, want EOPNOTSUPP saying it cannot pace", err)
 	}
 	// A request for a socket the daemon does not know.
 	u.id = 999

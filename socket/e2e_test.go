@@ -207,8 +207,11 @@ func TestE2EUnicast(t *testing.T) {
 		if v, err := u.Option("IP_TOS"); err != nil || v != 0x10 {
 			t.Errorf("IP_TOS = %#x, %v", v, err)
 		}
-		if err := u.SetMaxPacingRate(1 << 20); !errors.Is(err, unix.EOPNOTSUPP) {
-			t.Errorf("SetMaxPacingRate: %v, want EOPNOTSUPP until pacing lands", err)
+		if err := u.SetMaxPacingRate(1 << 20); err != nil {
+			t.Errorf("SetMaxPacingRate: %v", err)
+		}
+		if v, err := u.Option("SO_MAX_PACING_RATE"); err != nil || v != (1<<20)/125*125 {
+			t.Errorf("SO_MAX_PACING_RATE = %d, %v; want %d (kbit/s × 125)", v, err, (1<<20)/125*125)
 		}
 		if err := u.SetOption("SO_NOPE", 1); !errors.Is(err, unix.ENOPROTOOPT) {
 			t.Errorf("unknown option: %v", err)

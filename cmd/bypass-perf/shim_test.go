@@ -7,8 +7,11 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/daemon"
 	"github.com/bypassd/bypassd/daemon/daemontest"
@@ -118,14 +121,20 @@ func TestShimClientToSockperfServer(t *testing.T) {
 		t.Errorf("throughput through the shim against sockperf server:\n%s", out)
 	}
 
-	// --rate-limit: either the daemon paces, or it says plainly that it
-	// cannot yet.
+	// --rate-limit paces the socket (1 MiB/s = 8388 kbit/s), and a rate
+	// outside the range is refused with the range in the message.
 	var buf bytes.Buffer
 	err := runClient(context.Background(), clientConfig{
 		Mode: modeThroughput, Server: srv, MsgSize: 64, Duration: 50 * time.Millisecond, RateLimit: 1 << 20,
 	}, tr, &printer{w: &buf})
-	if err != nil && (!errors.Is(err, errPacingUnsupported) || err.Error() != "packet pacing is not supported yet by this bypassd") {
-		t.Errorf("--rate-limit through the shim: %v", err)
+	if err != nil || !strings.Contains(buf.String(), "succeed to set sock-SO_MAX_PACING_RATE") {
+		t.Errorf("--rate-limit through the shim: %v\n%s", err, buf.String())
+	}
+	err = runClient(context.Background(), clientConfig{
+		Mode: modeThroughput, Server: srv, MsgSize: 64, Duration: 50 * time.Millisecond, RateLimit: 100,
+	}, tr, &printer{w: &buf})
+	if !errors.Is(err, unix.ERANGE) || !strings.Contains(err.Error(), "from 1000 to 100000000 kbit/s") {
+		t.Errorf("--rate-limit 100 through the shim: %v, want ERANGE naming the range", err)
 	}
 }
 

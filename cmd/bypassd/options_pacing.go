@@ -35,7 +35,10 @@ func init() {
 			apply: func(o *options, v string) (err error) { o.cfg.Pacing.MaxQueues, err = parseCount(v); return err }},
 		setting{name: "pacing-full-policy", arg: "POLICY", def: "refuse",
 			usage: "when the rate table is full: refuse (ENOSPC) or nearest (share the closest rate in use)",
-			apply: func(o *options, v string) (err error) { o.cfg.Pacing.Policy, err = pacing.ParseFullPolicy(v); return err }},
+			apply: func(o *options, v string) (err error) {
+				o.cfg.Pacing.Policy, err = pacing.ParseFullPolicy(v)
+				return err
+			}},
 	)
 	for i := range settings {
 		if settings[i].env == "" {
