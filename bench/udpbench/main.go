@@ -183,7 +183,7 @@ func run(o options) error {
 				return fmt.Errorf("%s run %d: %w", c.name, i+1, err)
 			}
 			results[c.name] = append(results[c.name], s)
-			fmt.Fprintf(os.Stderr, "%-10s run %d: sent %.3f Mpps, delivered %.3f Mpps\n", c.name, i+1, s.sent/1e6, s.delivered/1e6)
+			fmt.Fprintf(os.Stderr, "%-10s run %d: sent %.3f Mpps, delivered %.3f Mpps%s\n", c.name, i+1, s.sent/1e6, s.delivered/1e6, cpuNote(s))
 		}
 	}
 	report(o, results)
