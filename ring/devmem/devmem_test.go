@@ -493,15 +493,29 @@ func TestStatsFromOtherGoroutine(t *testing.T) {
 }
 
 func BenchmarkStageRelease(b *testing.B) {
-	for _, size := range []int{205, 1400} {
-		b.Run(fmt.Sprintf("%dB", size), func(b *testing.B) {
-			m, _ := newMem(b, 256<<10, DefaultConfig())
+	for _, tc := range []struct {
+		size    int
+		reserve bool // Reserve: the caller builds in place, no copy
+	}{{205, false}, {1400, false}, {1400, true}} {
+		name := fmt.Sprintf("%dB", tc.size)
+		if tc.reserve {
+			name = "reserve-" + name
+		}
+		size := tc.size
+		b.Run(name, func(b *testing.B) {
+			m, _ := newChunked(b, 256<<10, 2048, DefaultConfig())
 			p := pkt(size, 1)
 			offs := make([]int, 0, 1024)
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
 			for b.Loop() {
-				off, ok := m.Stage(p)
+				var off int
+				var ok bool
+				if tc.reserve {
+					off, ok = m.Reserve(size)
+				} else {
+					off, ok = m.Stage(p)
+				}
 				if ok {
 					offs = append(offs, off)
 				}
