@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/ring/tsconv"
 	"github.com/bypassd/bypassd/stats"
 )
 
@@ -378,6 +379,9 @@ func (v *viewer) ringBlock(r *stats.Ring, prev *stats.Snapshot, _ *stats.Snapsho
 	fmt.Fprintf(w, "\tRate table (%s): %d of %d used, shared %d, nearest %d, refused %d / %d [full/range]\n", r.Interface,
 		c(stats.RingRateEntries), c(stats.RingRateCapacity), c(stats.RingRateShared), c(stats.RingRateNearest),
 		c(stats.RingRateRefusedFull), c(stats.RingRateRefusedRange))
+	// Gauges: the snapshot's values, never deltas.
+	fmt.Fprintf(w, "\tHW Timestamps: mode %d (%s), estimated error %d ns\n", r.Counters[stats.RingHWTSMode],
+		tsconv.Mode(r.Counters[stats.RingHWTSMode]), r.Counters[stats.RingHWTSErrorNs])
 	fmt.Fprintf(w, "\tReassembly: %d / %d / %d / %d / %d / %d [reassembled/timeouts/evicted/overlaps/invalid/too big]\n",
 		c(stats.RingReasmReassembled), c(stats.RingReasmTimeouts), c(stats.RingReasmEvicted), c(stats.RingReasmOverlaps),
 		c(stats.RingReasmInvalid), c(stats.RingReasmTooBig))
