@@ -73,6 +73,8 @@ func TestTakeTXRetiresUpToTheSignaledRequest(t *testing.T) {
 	p.dm = &DeviceRegion{size: 4096, released: func(off int) { released = append(released, off) }}
 	p.sq[0].inflight[3].handle = dmHandle | 64 // staged: not pool buffers
 	p.sq[0].inflight[4].handle = dmHandle | 256
+	p.dm.posted(64)
+	p.dm.posted(256)
 	p.pending = 10
 	// Queue 1 completes its third request: the first three retire.
 	if n := p.takeTX([]completion{{WRID: 1<<wrSeqBits | 2}}); n != 3 || len(p.sq[1].inflight) != 2 || p.pending != 7 || len(p.free) != 3 {
@@ -186,5 +188,55 @@ func TestRXBurstFromStash(t *testing.T) {
 	}
 	if p.rxPackets.Load() != 5 || len(p.rxStash) != 0 {
 		t.Fatalf("rx packets %d, stash %d", p.rxPackets.Load(), len(p.rxStash))
+	}
+}
+
+func TestNextRun(t *testing.T) {
+	p := bookkeepingProvider(2) // queues 0, 1, 2
+	frames := []qp.Frame{{SendQueue: 1}, {SendQueue: 1}, {}, {SendQueue: 7}, {SendQueue: 2}, {SendQueue: 2}, {SendQueue: 2}}
+	var runs [][2]int
+	for done := 0; done < len(frames); {
+		q, n := p.nextRun(frames[done:])
+		runs = append(runs, [2]int{q, n})
+		done += n
+	}
+	// Queue 7 was never opened: its frame joins the main queue's run.
+	want := [][2]int{{1, 2}, {0, 2}, {2, 3}}
+	if len(runs) != len(want) {
+		t.Fatalf("runs %v, want %v", runs, want)
+	}
+	for i := range want {
+		if runs[i] != want[i] {
+			t.Fatalf("runs %v, want %v", runs, want)
+		}
+	}
+}
+
+// Staged frames on a paced QP and on the main QP complete in different
+// orders; the allocator still gets them back in posting order.
+func TestStagedReleaseOrderAcrossQueues(t *testing.T) {
+	p := bookkeepingProvider(1)
+	var released []int
+	p.dm = &DeviceRegion{size: 4096, released: func(off int) { released = append(released, off) }}
+	post := func(q int, seq uint64, off int) {
+		p.sq[q].inflight = append(p.sq[q].inflight, postedFrame{seq: seq, handle: dmHandle | uint64(off)})
+		p.dm.posted(off)
+		p.pending++
+	}
+	post(1, 0, 0)                     // paced, slow
+	post(0, 0, 256)                   // main
+	post(0, 1, 512)                   // main
+	post(1, 1, 768)                   // paced
+	p.takeTX([]completion{{WRID: 1}}) // main queue done: 256 and 512
+	if len(released) != 0 {
+		t.Fatalf("released %v while the paced frame posted first is in flight", released)
+	}
+	p.takeTX([]completion{{WRID: 1 << wrSeqBits}}) // paced frame 0 done
+	if want := []int{0, 256, 512}; len(released) != 3 || released[0] != want[0] || released[1] != want[1] || released[2] != want[2] {
+		t.Fatalf("released %v, want %v", released, want)
+	}
+	p.takeTX([]completion{{WRID: 1<<wrSeqBits | 1}})
+	if len(released) != 4 || released[3] != 768 || len(p.dm.order) != 0 || p.pending != 0 {
+		t.Fatalf("released %v, order %v, pending %d", released, p.dm.order, p.pending)
 	}
 }

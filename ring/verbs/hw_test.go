@@ -74,8 +74,9 @@ func sendAll(t *testing.T, p *Provider, q, n int) {
 			k := p.AllocTX(frames[:min(len(frames), n-sent)])
 			for i := 0; i < k; i++ {
 				frames[i].Buf = frames[i].Buf[:testFrame(frames[i].Buf, p.mac, sent+i)]
+				frames[i].SendQueue = q
 			}
-			posted, err := p.TXBurstQueue(q, frames[:k])
+			posted, err := p.TXBurst(frames[:k])
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -500,24 +500,52 @@ func (p *Provider) FreeTX(frames []qp.Frame) {
 	}
 }
 
-// TXBurst implements qp.Provider: it posts on the main send queue.
+// TXBurst implements qp.Provider. Each frame goes on the send queue its
+// SendQueue names (0: the main queue; k: the paced QP SetRateLimit opened
+// for k; a queue never opened: the main queue), in runs of consecutive
+// frames of one queue. The frames accepted are always a prefix: a run that
+// does not fit ends the burst. A frame from DeviceRegion.TXFrame is sent
+// from device memory.
 func (p *Provider) TXBurst(frames []qp.Frame) (int, error) {
-	return p.TXBurstQueue(0, frames)
-}
-
-// TXBurstQueue posts frames on send queue q: 0 is the main queue, 1.. the
-// paced queues SetRateLimit created. A frame from DeviceRegion.TXFrame is
-// sent from device memory.
-func (p *Provider) TXBurstQueue(q int, frames []qp.Frame) (int, error) {
 	if p.closed {
 		return 0, qp.ErrClosed
 	}
 	if p.fatal != nil {
 		return 0, p.fatal
 	}
-	if q < 0 || q >= len(p.sq) {
-		return 0, fmt.Errorf("verbs %s/%d: send queue %d does not exist (%d open): %w", p.cfg.Interface, p.cfg.Queue, q, len(p.sq), unix.EINVAL)
+	done := 0
+	for done < len(frames) {
+		q, n := p.nextRun(frames[done:])
+		k, err := p.post(q, frames[done:done+n])
+		if err != nil || k < n {
+			return done + k, err
+		}
+		done += n
 	}
+	return done, nil
+}
+
+// nextRun returns the send queue of frames[0] and how many frames from the
+// start go on that queue.
+func (p *Provider) nextRun(frames []qp.Frame) (q, n int) {
+	q = p.queueOf(frames[0])
+	n = 1
+	for n < len(frames) && p.queueOf(frames[n]) == q {
+		n++
+	}
+	return q, n
+}
+
+// queueOf is the send queue a frame goes on.
+func (p *Provider) queueOf(f qp.Frame) int {
+	if f.SendQueue > 0 && f.SendQueue < len(p.sq) {
+		return f.SendQueue
+	}
+	return 0
+}
+
+// post posts frames on send queue q, as many as it has room for.
+func (p *Provider) post(q int, frames []qp.Frame) (int, error) {
 	s := p.sq[q]
 	n := min(len(frames), s.depth-len(s.inflight))
 	if n <= 0 {
@@ -526,8 +554,12 @@ func (p *Provider) TXBurstQueue(q int, frames []qp.Frame) (int, error) {
 	k, err := cPostSend(s.qp, p.buildSends(q, frames[:n]))
 	p.posts.Add(1)
 	for i := 0; i < k; i++ {
-		s.inflight = append(s.inflight, postedFrame{seq: s.seq, handle: frames[i].Handle})
+		h := frames[i].Handle
+		s.inflight = append(s.inflight, postedFrame{seq: s.seq, handle: h})
 		s.seq++
+		if h&dmHandle != 0 && p.dm != nil {
+			p.dm.posted(int(h &^ dmHandle))
+		}
 	}
 	p.pending += k
 	p.txPackets.Add(uint64(k))
@@ -617,7 +649,7 @@ func (p *Provider) takeTX(batch []completion) int {
 			if h := s.inflight[i].handle; h&dmHandle == 0 {
 				p.free = append(p.free, h)
 			} else if p.dm != nil {
-				p.dm.released(int(h &^ dmHandle))
+				p.dm.completed(int(h &^ dmHandle))
 			}
 			i++
 		}
