@@ -492,8 +492,6 @@ const (
 	_ = uint(C.IBV_EVENT_QP_FATAL-eventQPFatal) + uint(eventQPFatal-C.IBV_EVENT_QP_FATAL)
 	_ = uint(C.IBV_EVENT_CQ_ERR-eventCQError) + uint(eventCQError-C.IBV_EVENT_CQ_ERR)
 	_ = uint(C.IBV_EVENT_DEVICE_FATAL-eventDeviceFatal) + uint(eventDeviceFatal-C.IBV_EVENT_DEVICE_FATAL)
-	_ = uint(C.IBV_EVENT_PORT_ERR-eventPortError) + uint(eventPortError-C.IBV_EVENT_PORT_ERR)
-	_ = uint(C.IBV_EVENT_PORT_ACTIVE-eventPortActive) + uint(eventPortActive-C.IBV_EVENT_PORT_ACTIVE)
 )
 
 // Handles of libibverbs objects. Only this file dereferences them.

@@ -98,7 +98,7 @@ func TestHWOpenClose(t *testing.T) {
 		if err != nil {
 			t.Fatalf("open %d: %v", i, err)
 		}
-		c := p.DeviceCaps()
+		c := p.caps
 		j, _ := json.MarshalIndent(c, "", "  ")
 		t.Logf("caps %+v\n%s", p.Caps(), j)
 		if !c.RawPacket || c.Device == "" {
@@ -205,7 +205,7 @@ func TestHWReceive(t *testing.T) {
 
 func TestHWRateLimit(t *testing.T) {
 	p := openHW(t)
-	pc := p.DeviceCaps().Pacing
+	pc := p.caps.Pacing
 	if pc == nil {
 		t.Skip("the device has no packet pacing for raw packet QPs")
 	}
@@ -213,8 +213,8 @@ func TestHWRateLimit(t *testing.T) {
 	if err := p.SetRateLimit(1, qp.RateLimit{Kbps: rate}); err != nil {
 		t.Fatal(err)
 	}
-	if p.SendQueues() != 2 {
-		t.Fatalf("%d send queues after pacing queue 1, want 2", p.SendQueues())
+	if len(p.sq) != 2 {
+		t.Fatalf("%d send queues after pacing queue 1, want 2", len(p.sq))
 	}
 	start := time.Now()
 	sendAll(t, p, 1, 2000) // 2000 × 64 bytes (84 on the wire) at 10 Mbit/s ≈ 134 ms
@@ -229,7 +229,7 @@ func TestHWRateLimit(t *testing.T) {
 
 func TestHWDeviceMemory(t *testing.T) {
 	p := openHW(t)
-	if p.DeviceCaps().DeviceMemory == 0 {
+	if p.caps.DeviceMemory == 0 {
 		t.Skip("the device has no on-device memory")
 	}
 	var released []int
@@ -275,7 +275,7 @@ func TestHWClock(t *testing.T) {
 	}
 	sys := float64((s2.SysBefore+s2.SysAfter)/2 - (s1.SysBefore+s1.SysAfter)/2)
 	dev := float64(s2.HW - s1.HW)
-	khz := p.DeviceCaps().ClockKHz
+	khz := p.caps.ClockKHz
 	t.Logf("hca_core_clock %d kHz; 200 ms: device %.0f ns, system %.0f ns, brackets %d/%d ns", khz, dev, sys, s1.Width(), s2.Width())
 	if dev < sys*0.99 || dev > sys*1.01 {
 		t.Fatalf("device clock ran %.0f ns while the system clock ran %.0f: hca_core_clock (%d kHz) is not its rate", dev, sys, khz)

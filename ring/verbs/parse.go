@@ -23,8 +23,6 @@ const (
 	eventCQError     = 0 // enum ibv_event_type
 	eventQPFatal     = 1
 	eventDeviceFatal = 8
-	eventPortActive  = 9
-	eventPortError   = 10
 )
 
 // rawCaps is what cQuery copies out of ibv_device_attr_ex and

@@ -168,7 +168,7 @@ type Provider struct {
 	// broken publishes fatal to other goroutines (Steering.Healthy).
 	broken atomic.Pointer[error]
 
-	rxPackets, txPackets, rxErrors, txErrors, noRXBuffer, txNoBuffer, posts, portDown atomic.Uint64
+	rxPackets, txPackets, rxErrors, txErrors, noRXBuffer, txNoBuffer, posts atomic.Uint64
 
 	pollFds [3]unix.PollFd
 }
@@ -373,9 +373,6 @@ func (p *Provider) Caps() qp.Caps {
 		HWTimestamps: p.ts,
 	}
 }
-
-// DeviceCaps returns the device and port capabilities read at Open.
-func (p *Provider) DeviceCaps() DeviceCaps { return p.caps }
 
 // FD implements qp.Provider: the completion channel, readable when a
 // completion event is due. Verbs rings are not steered through an XSKMAP.
@@ -730,8 +727,9 @@ func (p *Provider) Wait(timeout time.Duration, extra int) (bool, error) {
 	return extra >= 0 && p.pollFds[2].Revents&unix.POLLIN != 0, nil
 }
 
-// asyncEvents handles the device's pending async events: fatal ones stop
-// the ring, a port going down is counted (frames wait until it is back).
+// asyncEvents reads (and acknowledges) the device's pending async events:
+// fatal ones stop the ring; others, such as a port going down and up
+// again, need nothing (frames wait for the link like on any NIC).
 func (p *Provider) asyncEvents() {
 	for {
 		t, err := cAsyncEvent(p.ctx)
@@ -747,8 +745,6 @@ func (p *Provider) asyncEvents() {
 			p.fail(fmt.Errorf("the device reported a fatal queue error (async event %d): reopen the ring", t))
 		case eventDeviceFatal:
 			p.fail(fmt.Errorf("RDMA device %s reported a fatal error (firmware or PCI fault): %w", p.bind.Device, unix.ENODEV))
-		case eventPortError:
-			p.portDown.Add(1)
 		}
 	}
 }
@@ -774,9 +770,6 @@ func (p *Provider) Stats() qp.Stats {
 		InvalidDescs: p.rxErrors.Load() + p.txErrors.Load(),
 	}
 }
-
-// PortErrors counts the port-down events seen since Open.
-func (p *Provider) PortErrors() uint64 { return p.portDown.Load() }
 
 // SetRateLimit implements qp.RateLimiter: send queue 0 is the main QP, and
 // queue k > 0 is a QP of its own, created on first use (up to
@@ -810,9 +803,6 @@ func (p *Provider) SetRateLimit(sendQueue int, rl qp.RateLimit) error {
 	}
 	return nil
 }
-
-// SendQueues reports how many send QPs are open (the main one included).
-func (p *Provider) SendQueues() int { return len(p.sq) }
 
 // Close implements qp.Provider.
 func (p *Provider) Close() error {
