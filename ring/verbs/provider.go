@@ -221,7 +221,8 @@ func openDevice(name string) (cContext, error) {
 // Open creates the ring's raw packet QP on cfg's interface: it opens the
 // RDMA device, creates the completion queues, registers the buffer pool,
 // walks the QP to RTS and posts every receive buffer. Steering is added
-// per flow afterwards (AddFlow); until then the QP receives nothing.
+// per flow afterwards (Steering().AddFlow); until then the QP receives
+// nothing.
 func Open(cfg Config) (_ *Provider, err error) {
 	name := fmt.Sprintf("verbs %s/%d", cfg.Interface, cfg.Queue)
 	if err := cfg.setDefaults(); err != nil {
