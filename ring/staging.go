@@ -22,9 +22,10 @@ import (
 // DevMemStats are a ring's egress staging counters.
 type DevMemStats struct {
 	devmem.Stats
-	// ReleaseErrors counts completions of staged frames that were not the
-	// oldest staged frame: the device completed out of order, and that
-	// space stays taken. 0 on a healthy queue.
+	// ReleaseErrors counts completions for offsets no staged frame was
+	// awaiting (completed twice, or never staged), and unposted frames
+	// that could not be given back: the provider or the engine lost track
+	// of a frame. 0 on a healthy queue.
 	ReleaseErrors uint64
 }
 
@@ -103,7 +104,7 @@ func (e *engine) initStaging() error {
 func (st *staging) released(off int) {
 	if err := st.mgr.Release(off); err != nil {
 		if st.releaseErrs.Add(1) == 1 {
-			st.log.Warn("staged frame completed out of order; its device memory stays taken", zap.Error(err))
+			st.log.Warn("completion for a staged frame that was not awaiting one", zap.Error(err))
 		}
 	}
 }
@@ -148,8 +149,10 @@ func (e *engine) stage(frames []qp.Frame) {
 		if !ok {
 			continue
 		}
+		sq := frames[i].SendQueue // a paced endpoint's hardware queue
 		e.r.prov.FreeTX(frames[i : i+1])
 		frames[i] = st.region.TXFrame(off, len(frames[i].Buf))
+		frames[i].SendQueue = sq
 	}
 }
 

@@ -116,7 +116,11 @@ func TestStagingSwapAndDrop(t *testing.T) {
 	p := &fakeDM{fakeQP: fakeQP{caps: qp.Caps{DeviceMemory: 1 << 20}}}
 	e := stagingEngine(t, p, 8192)
 	fr := frames(1000, 100, 1500)
+	fr[2].SendQueue = 3
 	e.stage(fr)
+	if fr[2].SendQueue != 3 {
+		t.Fatal("staging lost the frame's send queue (pacing)")
+	}
 	if fr[1].Handle != 1 || fr[0].Handle != fakeBase || fr[2].Handle != fakeBase+1000 {
 		t.Fatalf("handles after staging: %d %d %d", fr[0].Handle, fr[1].Handle, fr[2].Handle)
 	}

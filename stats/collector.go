@@ -100,7 +100,7 @@ var ringSeries = []struct {
 	{RingDevMemStagedBytes, counter("ring_dev_mem_staged_bytes_total", "Bytes of the frames sent from device memory.", ringLabels...)},
 	{RingDevMemInline, counter("ring_dev_mem_inline_packets_total", "Frames at or under the inline threshold, never staged.", ringLabels...)},
 	{RingDevMemOOB, counter("ring_dev_mem_oob_packets_total", "Frames over the inline threshold the staging region could not hold, sent from host memory.", ringLabels...)},
-	{RingDevMemErrors, counter("ring_dev_mem_errors_total", "Staging faults: out-of-order completions of staged frames, failed copies.", ringLabels...)},
+	{RingDevMemErrors, counter("ring_dev_mem_errors_total", "Staging faults: completions no staged frame awaited, failed copies.", ringLabels...)},
 	{RingPacedQueues, gauge("ring_paced_sockets", "Sockets on the ring paced with SO_MAX_PACING_RATE.", ringLabels...)},
 	{RingTXPaced, counter("ring_tx_paced_packets_total", "Datagrams sent from paced sockets.", ringLabels...)},
 	{RingTXPaceWaits, counter("ring_tx_pace_waits_total", "Times a paced socket's next datagram waited for its departure time.", ringLabels...)},

@@ -284,7 +284,7 @@ const (
 	RingDevMemStagedBytes                      // their bytes (whole frames)
 	RingDevMemInline                           // frames at or under the inline threshold, never staged
 	RingDevMemOOB                              // frames over the threshold the staging region could not hold (sent from host memory)
-	RingDevMemErrors                           // staging faults: out-of-order completions, failed copies
+	RingDevMemErrors                           // staging faults: completions no staged frame awaited, failed copies
 	RingHWTSMode                               // gauge: effective hardware timestamp conversion mode, 0..4
 	RingHWTSErrorNs                            // gauge: estimated error of converted hardware timestamps in ns (sync mode; else 0)
 	RingPacedQueues                            // gauge: paced sockets on the ring

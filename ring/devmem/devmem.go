@@ -19,9 +19,10 @@ const (
 	Align = 8
 )
 
-// ErrReleaseOrder reports a Release that does not match the oldest live
-// allocation.
-var ErrReleaseOrder = errors.New("devmem: release out of completion order")
+// ErrReleaseOrder reports a Release of an offset that is not a live
+// allocation awaiting completion (released twice, or never staged), or a
+// Cancel of anything but the newest allocation.
+var ErrReleaseOrder = errors.New("devmem: release of a staged packet that is not awaiting completion")
 
 // Config tunes a Manager. Start from DefaultConfig: the zero value means an
 // inline threshold of 0 (every non-empty packet is a staging candidate) and no
@@ -67,6 +68,8 @@ type Stats struct {
 // tail bytes skipped to place it (charged to it, released with it).
 type alloc struct {
 	off, size, skip int
+	// done: its send completed before an older allocation's.
+	done bool
 }
 
 // Manager is the circular staging allocator over one Region.
@@ -258,22 +261,38 @@ func (m *Manager) copyFailed(n, off int, err error) {
 	m.lastErr.Store(&wrapped)
 }
 
-// Release returns the space of the oldest live allocation, which must be the
-// one Stage placed at off: send queues complete in posting order, so anything
-// else means the caller lost track of a completion.
+// Release reports that the send of the packet Stage placed at off
+// completed. Space comes back strictly from the oldest allocation on: a
+// packet completed before an older one (a device with several send queues
+// sharing the region, such as paced queues, completes each queue in order
+// but interleaves them) is marked done and its space returns with the
+// older ones'. An off that is not a live, unreleased allocation is
+// refused (ErrReleaseOrder) and changes nothing: the caller lost track of a
+// completion.
 func (m *Manager) Release(off int) error {
 	if m.count == 0 {
 		return fmt.Errorf("%w: offset %d released but nothing is staged; release only offsets Stage returned with staged=true, once each", ErrReleaseOrder, off)
 	}
-	a := m.fifo[m.first]
-	if a.off != off {
-		return fmt.Errorf("%w: offset %d released but the oldest staged packet is at %d; release in the order Stage returned them", ErrReleaseOrder, off, a.off)
+	if a := &m.fifo[m.first]; a.off != off || a.done {
+		// Not the oldest: mark it, if it is live at all.
+		for i := 1; i < m.count; i++ {
+			b := &m.fifo[(m.first+i)%len(m.fifo)]
+			if b.off == off && !b.done {
+				b.done = true
+				return nil
+			}
+		}
+		return fmt.Errorf("%w: offset %d released but no staged packet at it awaits completion; release only offsets Stage returned with staged=true, once each", ErrReleaseOrder, off)
 	}
-	m.pop()
-	m.used -= a.size + a.skip
-	m.tail = a.off + a.size
-	if m.tail >= m.capacity {
-		m.tail -= m.capacity
+	m.fifo[m.first].done = true
+	for m.count > 0 && m.fifo[m.first].done {
+		a := m.fifo[m.first]
+		m.pop()
+		m.used -= a.size + a.skip
+		m.tail = a.off + a.size
+		if m.tail >= m.capacity {
+			m.tail -= m.capacity
+		}
 	}
 	if m.used == 0 {
 		m.tail = 0
@@ -291,7 +310,7 @@ func (m *Manager) Cancel(off int) error {
 	}
 	i := (m.first + m.count - 1) % len(m.fifo)
 	a := m.fifo[i]
-	if a.off != off {
+	if a.off != off || a.done {
 		return fmt.Errorf("%w: offset %d cancelled but the newest staged packet is at %d; cancel unposted packets newest first", ErrReleaseOrder, off, a.off)
 	}
 	m.count--

@@ -288,23 +288,38 @@ func TestReleaseOrder(t *testing.T) {
 	mustStage(t, m, pkt(300, 1), 0)
 	mustStage(t, m, pkt(300, 2), 304)
 	mustStage(t, m, pkt(300, 3), 608)
-	for _, off := range []int{304, 608, 1, 912} {
+	for _, off := range []int{1, 912} {
 		if err := m.Release(off); !errors.Is(err, ErrReleaseOrder) {
-			t.Fatalf("Release(%d) out of order: %v, want ErrReleaseOrder", off, err)
+			t.Fatalf("Release(%d) of no staged packet: %v, want ErrReleaseOrder", off, err)
 		}
 	}
+	// Completed before the oldest: marked, its space stays taken.
+	mustRelease(t, m, 608)
+	if err := m.Release(608); !errors.Is(err, ErrReleaseOrder) {
+		t.Fatalf("double Release(608): %v, want ErrReleaseOrder", err)
+	}
+	if err := m.Cancel(608); !errors.Is(err, ErrReleaseOrder) {
+		t.Fatalf("Cancel of a completed packet: %v, want ErrReleaseOrder", err)
+	}
 	if m.Used() != 912 || m.Outstanding() != 3 {
-		t.Fatalf("refused releases changed state: used %d outstanding %d", m.Used(), m.Outstanding())
+		t.Fatalf("an early completion freed space: used %d outstanding %d", m.Used(), m.Outstanding())
 	}
 	mustRelease(t, m, 0)
+	if m.Used() != 608 || m.Outstanding() != 2 {
+		t.Fatalf("after the oldest: used %d outstanding %d, want 608 and 2", m.Used(), m.Outstanding())
+	}
 	if err := m.Release(0); !errors.Is(err, ErrReleaseOrder) {
 		t.Fatalf("double Release(0): %v, want ErrReleaseOrder", err)
 	}
+	// The middle one completes: it and the one done before it both return.
 	mustRelease(t, m, 304)
-	mustRelease(t, m, 608)
+	if m.Used() != 0 || m.Outstanding() != 0 {
+		t.Fatalf("after all completed: used %d outstanding %d", m.Used(), m.Outstanding())
+	}
 	if err := m.Release(608); !errors.Is(err, ErrReleaseOrder) {
 		t.Fatalf("Release after everything completed: %v, want ErrReleaseOrder", err)
 	}
+	mustStage(t, m, pkt(4096, 4), 0)
 }
 
 func TestThresholdForcedCompletion(t *testing.T) {

@@ -14,8 +14,10 @@
 //   - In a Chunked region (AF_XDP UMEM) no packet crosses a chunk boundary:
 //     one that would starts at the next chunk, and the skipped bytes are
 //     charged to it like a wrap.
-//   - Space is released strictly in allocation order, which is the order in
-//     which a send queue completes.
+//   - Space comes back strictly in allocation order, the order in which a
+//     send queue completes. A packet whose send completes before an older
+//     one's (several send queues sharing the region) is marked done, and its
+//     space returns with the older one's.
 //   - When the region cannot hold a packet (full, fragmented at the wrap, or
 //     the packet is larger than the region) the packet is not staged, goes
 //     from host memory, and is counted as oob (out of buffer).

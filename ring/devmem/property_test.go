@@ -24,6 +24,8 @@ type model struct {
 type modelAlloc struct {
 	id, off, n int
 	data       []byte
+	// done: completed while an older allocation was still out.
+	done bool
 }
 
 func (md *model) free(from, to int) bool {
@@ -88,11 +90,27 @@ func (md *model) stage(p []byte) (off int, staged bool) {
 	return from, true
 }
 
-func (md *model) release() modelAlloc {
-	a := md.live[0]
-	md.live = md.live[1:]
-	md.disown(a.id)
+// complete marks live[i] completed; allocations leave from the oldest on,
+// as long as they are completed, so space returns in allocation order.
+func (md *model) complete(i int) modelAlloc {
+	md.live[i].done = true
+	a := md.live[i]
+	for len(md.live) > 0 && md.live[0].done {
+		md.disown(md.live[0].id)
+		md.live = md.live[1:]
+	}
 	return a
+}
+
+// pending lists the indexes of live allocations not completed yet.
+func (md *model) pending() []int {
+	var out []int
+	for i, a := range md.live {
+		if !a.done {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // cancel drops the newest allocation (a packet never posted).
@@ -202,27 +220,45 @@ func TestPropertyAgainstModel(t *testing.T) {
 					}
 					continue
 				}
-				for k := 1 + rng.IntN(len(md.live)); k > 0; k-- {
-					a := md.release()
+				// Mostly the oldest, sometimes a younger one first (send
+				// queues sharing the region complete interleaved).
+				for k := 1 + rng.IntN(len(md.live)); k > 0 && len(md.live) > 0; k-- {
+					p := md.pending()
+					i := p[0]
+					if rng.IntN(3) == 0 {
+						i = p[rng.IntN(len(p))]
+					}
+					a := md.complete(i)
 					if err := m.Release(a.off); err != nil {
 						t.Fatalf("seed %d step %d: %v", seed, step, err)
 					}
 				}
 			case rng.IntN(2) == 0:
-				// A staged packet that was never posted goes back.
-				if len(md.live) > 0 {
+				// A staged packet that was never posted goes back; one
+				// that completed cannot.
+				if n := len(md.live); n > 0 && !md.live[n-1].done {
 					a := md.cancel()
 					if err := m.Cancel(a.off); err != nil {
 						t.Fatalf("seed %d step %d: %v", seed, step, err)
 					}
+				} else if n > 0 {
+					if err := m.Cancel(md.live[n-1].off); err == nil {
+						t.Fatalf("seed %d step %d: Cancel of a completed packet accepted", seed, step)
+					}
 				}
 			default:
-				// A release that is not the oldest must be refused and
-				// change nothing.
-				if len(md.live) > 1 && md.live[1].off != md.live[0].off {
-					if err := m.Release(md.live[1].off); err == nil {
-						t.Fatalf("seed %d step %d: out-of-order release accepted", seed, step)
+				// Releasing a completed packet again, or an offset never
+				// staged, is refused and changes nothing.
+				for _, a := range md.live {
+					if a.done {
+						if err := m.Release(a.off); err == nil {
+							t.Fatalf("seed %d step %d: second release of %d accepted", seed, step, a.off)
+						}
+						break
 					}
+				}
+				if err := m.Release(1); err == nil {
+					t.Fatalf("seed %d step %d: release of an offset never staged accepted", seed, step)
 				}
 			}
 			if m.NeedCompletion() != (m.Used() > 0 && m.Free() < m.complete) {
@@ -232,7 +268,7 @@ func TestPropertyAgainstModel(t *testing.T) {
 		}
 		// Everything completes: all space returns, contiguous from 0.
 		for len(md.live) > 0 {
-			a := md.release()
+			a := md.complete(md.pending()[0])
 			if err := m.Release(a.off); err != nil {
 				t.Fatalf("seed %d drain: %v", seed, err)
 			}
