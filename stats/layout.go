@@ -308,7 +308,13 @@ const (
 )
 
 // IsGauge reports whether c is a value at the snapshot rather than a count.
-func (c RingCounter) IsGauge() bool { return c == RingHWTSMode || c == RingHWTSErrorNs }
+func (c RingCounter) IsGauge() bool {
+	switch c {
+	case RingHWTSMode, RingHWTSErrorNs, RingPacedQueues, RingRateEntries, RingRateCapacity:
+		return true
+	}
+	return false
+}
 
 // RingCounters are one ring's counters.
 type RingCounters [NumRingCounters]uint64
