@@ -11,8 +11,9 @@ import (
 )
 
 // Egress staging decides WHERE a built frame is sent from: its regular TX
-// buffer, or a copy in the provider's device memory (on ConnectX the NIC
-// then skips a PCI read per packet; with AF_XDP it is a reserved UMEM area).
+// buffer, or the provider's device memory (on ConnectX the NIC then skips a
+// PCI read per packet; with AF_XDP it is a reserved UMEM area, where a
+// single-frame datagram is built in place rather than copied).
 // It does not decide when a frame leaves; that is the TX path's business.
 // Frames at or under the inline threshold and frames the region cannot hold
 // (oob) stay in their TX buffer. A provider without qp.DeviceMemory (or a
