@@ -16,6 +16,7 @@ import (
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/pacing"
 	"github.com/bypassd/bypassd/ring/tsconv"
 	"github.com/bypassd/bypassd/stats"
@@ -131,6 +132,11 @@ type Config struct {
 	// port for raw packet QPs, afxdp otherwise), "afxdp", "verbs" or "tap"
 	// (see ring.RegisterProvider).
 	Provider string
+	// Fallback is what a ring does when its fast path is unavailable or
+	// lost: "auto" (the default: a standby TAP path takes the flows over
+	// and gives them back when the fast path returns), "tap" (the TAP
+	// path only, like Provider "tap") or "none" (see ring.Fallback).
+	Fallback string
 
 	// Frames is the UMEM frame count of each ring (default 4096).
 	Frames int
@@ -219,6 +225,9 @@ func (c Config) withDefaults() Config {
 	if c.Provider == "" {
 		c.Provider = ProviderAuto
 	}
+	if c.Fallback == "" {
+		c.Fallback = ring.FallbackAuto.String()
+	}
 	if c.StatsInterval == 0 {
 		c.StatsInterval = DefaultStatsInterval
 	}
@@ -302,6 +311,9 @@ func (c Config) resolve() (resolved, error) {
 		return r, fmt.Errorf("frames %d: must be a power of two, at least 64", c.Frames)
 	}
 	if err := checkProvider(c.Provider); err != nil {
+		return r, err
+	}
+	if _, err := ring.ParseFallback(c.Fallback); err != nil {
 		return r, err
 	}
 	switch c.XDPMode {

@@ -122,6 +122,10 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
+	fallback, err := ring.ParseFallback(rc.Fallback)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
 	for _, it := range rc.Interfaces {
 		if d.device(it.Name) == nil {
 			d.devices = append(d.devices, probeDevice(it.Name, d.nl, log))
@@ -130,6 +134,7 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 	for _, it := range rc.Interfaces {
 		rlog := log.With(zap.String("iface", it.Name), zap.Int("queue", it.Queue))
 		r, err := ring.Open(ring.Config{
+			Fallback:         fallback,
 			HWTimestamps:     hwts,
 			Interface:        it.Name,
 			Queue:            it.Queue,

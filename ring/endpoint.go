@@ -496,11 +496,13 @@ func (r *Ring) retire(ep *Endpoint) {
 		r.mu.Lock()
 		r.table.Store(r.table.Load().withoutEndpoints(b.eps))
 		// Steering goes first so no new frame is redirected for the port.
+		var flows []qp.Flow
 		for e := range b.eps {
 			for _, d := range e.steered {
-				r.delFlowLocked(r.udpFlow(netip.AddrPortFrom(d, e.local.Port())))
+				flows = append(flows, r.udpFlow(netip.AddrPortFrom(d, e.local.Port())))
 			}
 		}
+		r.delFlowsLocked(flows)
 		r.mu.Unlock()
 		r.sync()
 		close(b.done)
@@ -533,19 +535,44 @@ func (r *Ring) addFlowLocked(f qp.Flow) error {
 }
 
 // delFlowLocked drops one reference to f, removing the entry with the last.
-func (r *Ring) delFlowLocked(f qp.Flow) {
-	n := r.flowRefs[f]
-	if n == 0 {
+func (r *Ring) delFlowLocked(f qp.Flow) { r.delFlowsLocked([]qp.Flow{f}) }
+
+// flowsDeleter is implemented by steerings that remove many flows faster
+// together than one by one (tc: a whole address's hash table at once).
+type flowsDeleter interface {
+	DeleteFlows(flows []qp.Flow) error
+}
+
+// delFlowsLocked drops one reference to each flow and removes those that
+// lost their last, from one steering after the other (the fast path's
+// first, so its entries go as fast as without a fallback).
+func (r *Ring) delFlowsLocked(flows []qp.Flow) {
+	var gone []qp.Flow
+	for _, f := range flows {
+		n := r.flowRefs[f]
+		switch {
+		case n == 0:
+		case n > 1:
+			r.flowRefs[f] = n - 1
+		default:
+			delete(r.flowRefs, f)
+			gone = append(gone, f)
+		}
+	}
+	if len(gone) == 0 {
 		return
 	}
-	if n > 1 {
-		r.flowRefs[f] = n - 1
-		return
-	}
-	delete(r.flowRefs, f)
 	for _, s := range r.steeringsLocked() {
-		if err := s.DeleteFlow(f); err != nil {
-			r.log.Warn("delete steering entry failed", zap.Stringer("flow", f), zap.Error(err))
+		if bd, ok := s.(flowsDeleter); ok && len(gone) > 1 {
+			if err := bd.DeleteFlows(gone); err != nil {
+				r.log.Warn("delete steering entries failed", zap.Int("flows", len(gone)), zap.Error(err))
+			}
+			continue
+		}
+		for _, f := range gone {
+			if err := s.DeleteFlow(f); err != nil {
+				r.log.Warn("delete steering entry failed", zap.Stringer("flow", f), zap.Error(err))
+			}
 		}
 	}
 }

@@ -119,11 +119,28 @@ func (r *Ring) openPaths(pc PathConfig) (err error) {
 	if fs.name == taprov.Name {
 		fs.mode = FallbackTAP
 	}
+	if fs.mode == FallbackAuto && r.cfg.DevMemTX > 0 {
+		// Staged frames live in the fast path's device memory and must
+		// go back to it; a ring that can change provider under them
+		// cannot stage. The explicit request wins over the default.
+		r.log.Warn("device-memory staging needs a fixed provider: no TAP fallback on this ring (set the device memory to 0 to keep it)",
+			zap.Int("dev_mem_tx", r.cfg.DevMemTX))
+		fs.mode = FallbackNone
+	}
 	defer func() {
 		if err != nil {
 			r.closePaths()
 		}
 	}()
+	// Leftovers of a dead daemon's TAP path redirect to a TAP that is
+	// gone: they would drop fragments and, after a fast path loss, flows.
+	// Whatever the fallback, they go (a foreign or live owner's objects
+	// are refused, and fail a TAP path below).
+	if n, err := tap.Sweep(pc.NS, pc.Ifindex); err != nil {
+		r.log.Warn("cannot remove TAP fallback filters found on the interface", zap.Error(err))
+	} else if n > 0 {
+		r.log.Info("removed a dead daemon's TAP fallback filters", zap.Int("classifiers", n))
+	}
 	if fs.mode != FallbackTAP {
 		p, err := openPath(fs.name, pc)
 		switch {
@@ -137,13 +154,6 @@ func (r *Ring) openPaths(pc PathConfig) (err error) {
 	}
 	if fs.mode == FallbackNone {
 		r.prov = fs.prim.prov
-		// Leftovers of a dead daemon's TAP path would steal fragments
-		// and unsteered ports' traffic from the kernel.
-		if n, err := tap.Sweep(pc.NS, pc.Ifindex); err != nil {
-			r.log.Warn("cannot check for a dead daemon's TAP filters", zap.Error(err))
-		} else if n > 0 {
-			r.log.Info("removed a dead daemon's TAP fallback filters", zap.Int("classifiers", n))
-		}
 		return nil
 	}
 	p, err := openPath(taprov.Name, pc)
@@ -153,10 +163,6 @@ func (r *Ring) openPaths(pc PathConfig) (err error) {
 	fs.standby = &p
 	fs.tapProv = p.prov.(*taprov.Provider)
 	fs.tapDev = fs.tapProv.Device()
-	if fs.mode == FallbackTAP {
-		r.prov = p.prov
-		return nil
-	}
 	var prim qp.Provider
 	if fs.prim != nil {
 		prim = fs.prim.prov
@@ -169,7 +175,7 @@ func (r *Ring) openPaths(pc PathConfig) (err error) {
 	return nil
 }
 
-// startWatch starts the health watcher of an auto fallback.
+// startWatch starts the health watcher of a ring with a TAP path.
 func (r *Ring) startWatch() {
 	if r.fb.fp == nil {
 		return
@@ -242,11 +248,19 @@ func (r *Ring) watch() {
 	retry := restoreDelay
 	lost := fp.wantTAP.Load() // the fast path did not even open
 	var lostAt time.Time
+	var ticks int
 	for {
 		select {
 		case <-r.ctx.Done():
 			return
 		case <-tick.C:
+		}
+		if ticks++; fs.mode == FallbackTAP {
+			// Nothing to restore: only notice the NIC vanishing.
+			if ticks%100 == 0 && r.nicGone() {
+				return
+			}
+			continue
 		}
 		if !lost {
 			var why error
@@ -263,9 +277,15 @@ func (r *Ring) watch() {
 			if why == nil {
 				continue
 			}
+			if r.nicGone() {
+				return
+			}
 			r.plugOut(why)
 			lost, lostAt, retry = true, time.Now(), restoreDelay
 			continue
+		}
+		if ticks%100 == 0 && r.nicGone() {
+			return
 		}
 		if time.Since(lostAt) < retry {
 			continue
@@ -278,6 +298,19 @@ func (r *Ring) watch() {
 		}
 		lost = false
 	}
+}
+
+// nicGone reports whether the ring's interface vanished. The TAP path
+// cannot serve a NIC that is gone, so the engine is told to stop with that
+// error, as without a fallback (the daemon then tells its clients).
+func (r *Ring) nicGone() bool {
+	if _, err := r.nl.LinkByIndex(r.ifindex); err == nil {
+		return false
+	}
+	err := fmt.Errorf("interface %s is gone (ifindex %d): %w", r.cfg.Interface, r.ifindex, unix.ENODEV)
+	r.fb.fp.fatal.Store(&err)
+	r.doorbell.Wake()
+	return true
 }
 
 // plugOut moves the flows to the TAP path: fragments to the TAP, then the
@@ -364,9 +397,9 @@ func inNS(ns netns.NsHandle, fn func() error) error {
 	return <-errc
 }
 
-// fallbackProvider is the qp.Provider the engine drives under an auto
-// fallback: the fast path's provider (prim) while it works, the TAP's
-// otherwise. It switches only on the engine's thread, at the start of a
+// fallbackProvider is the qp.Provider the engine drives when the ring has a
+// TAP path: the fast path's provider (prim) while it works, the TAP's
+// otherwise (always, with FallbackTAP). It switches only on the engine's thread, at the start of a
 // receive burst, and keeps the two providers' buffers apart by tagging the
 // TAP's frame handles with tapTag.
 type fallbackProvider struct {
@@ -387,8 +420,9 @@ type fallbackProvider struct {
 	newPrim atomic.Pointer[path]
 	dropReq atomic.Bool
 	dropped chan struct{}
-	// primErr is why the fast path's provider failed.
-	primErr atomic.Pointer[error]
+	// primErr is why the fast path's provider failed; fatal, set by the
+	// watcher, stops the engine (the interface is gone).
+	primErr, fatal atomic.Pointer[error]
 
 	onTAP atomic.Bool
 	// caps are the active provider's, for readers on other goroutines.
@@ -567,6 +601,9 @@ func (fp *fallbackProvider) FreeTX(frames []qp.Frame) {
 // TXBurst posts runs of frames to their provider. Frames built for the fast
 // path after the engine left it are dropped (counted in TXDropped).
 func (fp *fallbackProvider) TXBurst(frames []qp.Frame) (int, error) {
+	if p := fp.fatal.Load(); p != nil {
+		return 0, *p
+	}
 	total := 0
 	for total < len(frames) {
 		isTAP := frames[total].Handle&tapTag != 0
@@ -624,6 +661,9 @@ func (fp *fallbackProvider) TXPending() int {
 }
 
 func (fp *fallbackProvider) Wait(timeout time.Duration, extra int) (bool, error) {
+	if p := fp.fatal.Load(); p != nil {
+		return false, *p
+	}
 	act := fp.active()
 	ok, err := act.Wait(timeout, extra)
 	if err != nil && act != fp.tap {

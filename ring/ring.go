@@ -267,7 +267,7 @@ func Open(cfg Config) (_ *Ring, err error) {
 	if err = r.eng.initStaging(); err != nil {
 		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
 	}
-	fields := []zap.Field{zap.String("provider", caps.Provider), zap.String("mode", caps.Mode), zap.Int("mtu", r.mtu),
+	fields := []zap.Field{zap.String("provider", caps.Provider), zap.String("mode", caps.Mode), zap.Stringer("fallback", r.fb.mode), zap.Int("mtu", r.mtu),
 		zap.Int("frames", caps.RXFrames+caps.TXFrames), zap.Int("frame_size", caps.FrameSize)}
 	if prog := r.Program(); prog != nil && prog.FallbackReason() != nil {
 		fields = append(fields, zap.NamedError("native_xdp_refused", prog.FallbackReason()))

@@ -15,7 +15,18 @@ import (
 // stops with an error saying so, and users blocked on its endpoints are
 // released (net.ErrClosed) instead of waiting forever.
 func TestVanishedInterface(t *testing.T) {
-	l := newLab(t, ring.Config{})
+	for _, fb := range []ring.Fallback{ring.FallbackNone, ring.FallbackAuto, ring.FallbackTAP} {
+		t.Run(fb.String(), func(t *testing.T) {
+			t.Parallel()
+			testVanishedInterface(t, ring.Config{Fallback: fb})
+		})
+	}
+}
+
+// testVanishedInterface: the TAP path needs the NIC too, so with any
+// fallback a vanished interface stops the ring like without one.
+func testVanishedInterface(t *testing.T, cfg ring.Config) {
+	l := newLab(t, cfg)
 	ep := l.bind(t, netip.AddrPortFrom(l.p.A.Addr4(), 0))
 	errc := make(chan error, 1)
 	go func() {

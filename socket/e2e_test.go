@@ -61,15 +61,35 @@ type lab struct {
 	echo6 netip.AddrPort
 }
 
-func newLab(t *testing.T) *lab {
+// paths are the daemon's data paths the end-to-end tests run on: the
+// default (AF_XDP, with the TAP fallback standing by) and the TAP path
+// forced (--fallback=tap).
+var paths = []string{"afxdp", "tap"}
+
+// forEachPath runs test once per path, in parallel.
+func forEachPath(t *testing.T, test func(t *testing.T, path string)) {
+	t.Parallel()
+	for _, path := range paths {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			test(t, path)
+		})
+	}
+}
+
+func newLab(t *testing.T, path string) *lab {
 	t.Helper()
 	// Static neighbours: what is tested here is the shim, not ARP.
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	srv := daemontest.Start(t, p, daemon.Config{
+	cfg := daemon.Config{
 		RXPoll:     20 * time.Microsecond,
 		EnginePoll: 20 * time.Microsecond,
 		Frames:     4096,
-	}, nil)
+	}
+	if path == "tap" {
+		cfg.Fallback = "tap"
+	}
+	srv := daemontest.Start(t, p, cfg, nil)
 	l := &lab{p: p, d: srv.Daemon, dir: srv.Dir, path: srv.SocketPath()}
 	l.echo4 = l.echoServer(t, netip.AddrPortFrom(p.B.Addr4(), 0))
 	l.echo6 = l.echoServer(t, netip.AddrPortFrom(p.B.Addr6(), 0))
@@ -130,9 +150,10 @@ func echoRound(u *UDPConn, peer netip.AddrPort, p, buf []byte) error {
 	return nil
 }
 
-func TestE2EUnicast(t *testing.T) {
-	t.Parallel()
-	l := newLab(t)
+func TestE2EUnicast(t *testing.T) { forEachPath(t, testE2EUnicast) }
+
+func testE2EUnicast(t *testing.T, path string) {
+	l := newLab(t, path)
 	c := l.client(t)
 	for _, fam := range []struct {
 		network string
@@ -230,9 +251,10 @@ func TestE2EUnicast(t *testing.T) {
 	})
 }
 
-func TestE2EDeadlinesAndClose(t *testing.T) {
-	t.Parallel()
-	l := newLab(t)
+func TestE2EDeadlinesAndClose(t *testing.T) { forEachPath(t, testE2EDeadlinesAndClose) }
+
+func testE2EDeadlinesAndClose(t *testing.T, path string) {
+	l := newLab(t, path)
 	c := l.client(t)
 	u, err := c.ListenUDP("udp4", netip.AddrPortFrom(l.p.A.Addr4(), 0))
 	if err != nil {
@@ -270,9 +292,10 @@ func TestE2EDeadlinesAndClose(t *testing.T) {
 
 // TestE2EDaemonStops: a read blocked when the daemon shuts down fails
 // promptly with ErrDaemonGone.
-func TestE2EDaemonStops(t *testing.T) {
-	t.Parallel()
-	l := newLab(t)
+func TestE2EDaemonStops(t *testing.T) { forEachPath(t, testE2EDaemonStops) }
+
+func testE2EDaemonStops(t *testing.T, path string) {
+	l := newLab(t, path)
 	c := l.client(t)
 	u, err := c.ListenUDP("udp4", netip.AddrPortFrom(l.p.A.Addr4(), 0))
 	if err != nil {
@@ -301,9 +324,13 @@ func TestE2EDaemonStops(t *testing.T) {
 	}
 }
 
+// TestE2EThousandSockets runs on the default path only: it is the
+// package's longest test, and the TAP path's per-socket filters at this
+// scale are covered by daemon's TestManySocketsReleasedOnKill (auto
+// fallback) and TestTAPFiltersFollowSockets.
 func TestE2EThousandSockets(t *testing.T) {
 	t.Parallel()
-	l := newLab(t)
+	l := newLab(t, "afxdp")
 	c := l.client(t)
 	const n = 1000
 	socks := make([]*UDPConn, 0, n)
@@ -339,9 +366,10 @@ func TestE2EThousandSockets(t *testing.T) {
 
 // TestE2EManyClients: 4 client processes with 50 sockets each exchange
 // datagrams with B concurrently, byte-exact and without loss.
-func TestE2EManyClients(t *testing.T) {
-	t.Parallel()
-	l := newLab(t)
+func TestE2EManyClients(t *testing.T) { forEachPath(t, testE2EManyClients) }
+
+func testE2EManyClients(t *testing.T, path string) {
+	l := newLab(t, path)
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
 	for i := 0; i < 4; i++ {
@@ -363,9 +391,10 @@ func TestE2EManyClients(t *testing.T) {
 
 // TestE2EUnprivileged: a client running as nobody is accelerated, may not
 // bind port 80 and cannot touch another client's socket.
-func TestE2EUnprivileged(t *testing.T) {
-	t.Parallel()
-	l := newLab(t)
+func TestE2EUnprivileged(t *testing.T) { forEachPath(t, testE2EUnprivileged) }
+
+func testE2EUnprivileged(t *testing.T, path string) {
+	l := newLab(t, path)
 	c := l.client(t)
 	mine, err := c.ListenUDP("udp4", netip.AddrPortFrom(l.p.A.Addr4(), 0))
 	if err != nil {
@@ -526,9 +555,10 @@ func childUnpriv(c *Client, local netip.Addr, peer netip.AddrPort) error {
 // TestE2EMulticast: two sockets of one client joined to a group each get
 // every datagram a kernel sender in B sends; leaving stops delivery;
 // source-specific membership filters by sender.
-func TestE2EMulticast(t *testing.T) {
-	t.Parallel()
-	l := newLab(t)
+func TestE2EMulticast(t *testing.T) { forEachPath(t, testE2EMulticast) }
+
+func testE2EMulticast(t *testing.T, path string) {
+	l := newLab(t, path)
 	c := l.client(t)
 	group := netip.MustParseAddr("239.1.2.3")
 	// B routes multicast out of its veth; a second address in B is the

@@ -15,10 +15,13 @@ import (
 // Through the daemon and the shim: every datagram carries a software
 // timestamp between the sender's send time and the application's receive
 // time once SO_TIMESTAMPING asks for it, none before; on veth the hardware
-// slots are absent (OK false), not zero values reported as present.
-func TestE2ETimestamps(t *testing.T) {
-	t.Parallel()
-	l := newLab(t)
+// slots are absent (OK false), not zero values reported as present. The TAP
+// path too: its descriptor cannot give SO_TIMESTAMPING, the engine's
+// software receive time is what it offers.
+func TestE2ETimestamps(t *testing.T) { forEachPath(t, testE2ETimestamps) }
+
+func testE2ETimestamps(t *testing.T, path string) {
+	l := newLab(t, path)
 	c := l.client(t)
 	u, err := c.ListenUDP("udp4", netip.AddrPortFrom(l.p.A.Addr4(), 0))
 	if err != nil {

@@ -166,20 +166,63 @@ func (s *Steering) DeleteFlow(f qp.Flow) error {
 	return s.deleteLocked(f)
 }
 
+// DeleteFlows removes many flows: an address all of whose flows go loses
+// its hash table in one deletion (the kernel frees the filters in it),
+// instead of one deletion per filter.
+func (s *Steering) DeleteFlows(flows []qp.Flow) error {
+	ifaces.Lock()
+	defer ifaces.Unlock()
+	byAddr := map[*addrTable][]qp.Flow{}
+	var errs []error
+	for _, f := range flows {
+		if !s.flows[f] {
+			continue
+		}
+		if _, at := s.ifc.lookup(f.Dst.Addr()); at != nil {
+			byAddr[at] = append(byAddr[at], f)
+		}
+	}
+	for at, fs := range byAddr {
+		fam, _ := s.ifc.lookup(at.addr)
+		if len(fs) < len(at.flows) {
+			for _, f := range fs {
+				errs = append(errs, s.deleteLocked(f))
+			}
+			continue
+		}
+		for _, f := range fs {
+			delete(s.flows, f)
+		}
+		errs = append(errs, s.ifc.dropAddr(fam, at))
+		if len(fam.addrs) == 0 {
+			errs = append(errs, s.ifc.dropFamily(fam))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("tap: %s: delete %d flows: %w", s.ifc.name, len(flows), err)
+	}
+	return nil
+}
+
+// lookup finds the classifier and hash table of a destination address.
+func (ifc *iface) lookup(a netip.Addr) (*family, *addrTable) {
+	fam := ifc.fams[0]
+	if a.Is6() {
+		fam = ifc.fams[1]
+	}
+	if fam == nil {
+		return nil, nil
+	}
+	return fam, fam.addrs[a]
+}
+
 func (s *Steering) deleteLocked(f qp.Flow) error {
 	if !s.flows[f] {
 		return nil
 	}
 	delete(s.flows, f)
 	ifc := s.ifc
-	fam := ifc.fams[0]
-	if f.Dst.Addr().Is6() {
-		fam = ifc.fams[1]
-	}
-	if fam == nil {
-		return nil
-	}
-	at := fam.addrs[f.Dst.Addr()]
+	fam, at := ifc.lookup(f.Dst.Addr())
 	if at == nil {
 		return nil
 	}

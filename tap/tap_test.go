@@ -263,3 +263,32 @@ func TestNoSocketTimestamps(t *testing.T) {
 		t.Fatalf("SO_TIMESTAMPING on a TAP descriptor: %v, want ENOTSOCK", err)
 	}
 }
+
+// TestDeleteFlows: deleting some of an address's flows removes their
+// filters; deleting the rest removes the address's tables too.
+func TestDeleteFlows(t *testing.T) {
+	fb := newFallback(t)
+	var flows []qp.Flow
+	for i := 0; i < 50; i++ {
+		f := udpFlow(netip.AddrPortFrom(fb.p.A.Addr4(), uint16(7000+i)))
+		fb.add(t, f)
+		flows = append(flows, f)
+	}
+	if err := fb.s.DeleteFlows(flows[:40]); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := fb.s.Flows(); err != nil || len(got) != 10 {
+		t.Fatalf("after deleting 40 of 50: %d flows, %v", len(got), err)
+	}
+	if err := fb.s.DeleteFlows(flows[40:]); err != nil {
+		t.Fatal(err)
+	}
+	if show := fb.tc(t, "filter", "show", "dev", fb.p.A.Name, "ingress"); strings.TrimSpace(show) != "" {
+		t.Errorf("filters left after deleting every flow:\n%s", show)
+	}
+	// The address comes back cleanly.
+	fb.add(t, flows[0])
+	if got, err := fb.s.Flows(); err != nil || len(got) != 1 || got[0] != flows[0] {
+		t.Fatalf("re-added flow: %v, %v", got, err)
+	}
+}

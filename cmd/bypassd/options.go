@@ -18,6 +18,7 @@ import (
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/daemon"
 	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/tsconv"
 	"github.com/bypassd/bypassd/stats"
 )
@@ -125,6 +126,13 @@ var settings = []setting{
 	{name: "provider", arg: "NAME", def: daemon.ProviderAuto,
 		usage: "ring provider: auto (verbs on an RDMA port when built with -tags verbs, else afxdp), afxdp, verbs or tap",
 		apply: func(o *options, v string) error { o.cfg.Provider = v; return nil }},
+	{name: "fallback", arg: "MODE", def: "auto",
+		usage: "when a ring's fast path is unavailable or lost: auto (TAP path until it returns), tap (TAP path only) or none",
+		apply: func(o *options, v string) error {
+			_, err := ring.ParseFallback(v)
+			o.cfg.Fallback = v
+			return err
+		}},
 	{name: "xdp-mode", arg: "MODE", def: "auto",
 		usage: "XDP attach mode: auto (native, else generic), native or generic",
 		apply: func(o *options, v string) error {
