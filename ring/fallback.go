@@ -100,8 +100,9 @@ type FallbackStats struct {
 // (standby), either of which may be absent.
 type fallbackState struct {
 	mode Fallback
-	// prim is guarded by Ring.mu (the engine uses fp's copy).
-	prim    *path
+	// prim is changed under Ring.mu (so no flow is added meanwhile) and
+	// read without it (the engine uses fp's copy).
+	prim    atomic.Pointer[path]
 	standby *path
 	tapProv *taprov.Provider
 	tapDev  *tap.Device
@@ -119,19 +120,6 @@ func (r *Ring) openPaths(pc PathConfig) (err error) {
 	if fs.name == taprov.Name {
 		fs.mode = FallbackTAP
 	}
-	if fs.mode == FallbackAuto && r.cfg.DevMemTX > 0 {
-		// Staged frames live in the fast path's device memory and must
-		// go back to it; a ring that can change provider under them
-		// cannot stage. The explicit request wins over the default.
-		r.log.Warn("device-memory staging needs a fixed provider: no TAP fallback on this ring (set the device memory to 0 to keep it)",
-			zap.Int("dev_mem_tx", r.cfg.DevMemTX))
-		fs.mode = FallbackNone
-	}
-	defer func() {
-		if err != nil {
-			r.closePaths()
-		}
-	}()
 	// Leftovers of a dead daemon's TAP path redirect to a TAP that is
 	// gone: they would drop fragments and, after a fast path loss, flows.
 	// Whatever the fallback, they go (a foreign or live owner's objects
@@ -145,7 +133,7 @@ func (r *Ring) openPaths(pc PathConfig) (err error) {
 		p, err := openPath(fs.name, pc)
 		switch {
 		case err == nil:
-			fs.prim = &p
+			fs.prim.Store(&p)
 		case fs.mode == FallbackNone:
 			return fmt.Errorf("%s: %w", fs.name, err)
 		default:
@@ -153,7 +141,7 @@ func (r *Ring) openPaths(pc PathConfig) (err error) {
 		}
 	}
 	if fs.mode == FallbackNone {
-		r.prov = fs.prim.prov
+		r.prov = fs.prim.Load().prov
 		return nil
 	}
 	p, err := openPath(taprov.Name, pc)
@@ -164,8 +152,8 @@ func (r *Ring) openPaths(pc PathConfig) (err error) {
 	fs.tapProv = p.prov.(*taprov.Provider)
 	fs.tapDev = fs.tapProv.Device()
 	var prim qp.Provider
-	if fs.prim != nil {
-		prim = fs.prim.prov
+	if fast := fs.prim.Load(); fast != nil {
+		prim = fast.prov
 		if err := p.steer.(*tap.Steering).SetActive(false); err != nil {
 			return fmt.Errorf("TAP path: %w", err)
 		}
@@ -187,9 +175,8 @@ func (r *Ring) startWatch() {
 // closePaths closes both paths (after the engine and the watcher stopped).
 func (r *Ring) closePaths() error {
 	var errs []error
-	if r.fb.prim != nil {
-		errs = append(errs, r.fb.prim.close())
-		r.fb.prim = nil
+	if p := r.fb.prim.Swap(nil); p != nil {
+		errs = append(errs, p.close())
 	}
 	if r.fb.standby != nil {
 		errs = append(errs, r.fb.standby.close())
@@ -201,8 +188,8 @@ func (r *Ring) closePaths() error {
 // steerings lists the steerings flows must be added to. Holds r.mu.
 func (r *Ring) steeringsLocked() []qp.Steering {
 	var out []qp.Steering
-	if r.fb.prim != nil {
-		out = append(out, r.fb.prim.steer)
+	if p := r.fb.prim.Load(); p != nil {
+		out = append(out, p.steer)
 	}
 	if r.fb.standby != nil {
 		out = append(out, r.fb.standby.steer)
@@ -210,11 +197,11 @@ func (r *Ring) steeringsLocked() []qp.Steering {
 	return out
 }
 
-// mainSteeringLocked is the steering Flows and Program report: the fast
-// path's, or the TAP's without one. Holds r.mu.
-func (r *Ring) mainSteeringLocked() qp.Steering {
-	if r.fb.prim != nil {
-		return r.fb.prim.steer
+// mainSteering is the steering Flows and Program report: the fast path's,
+// or the TAP's without one.
+func (r *Ring) mainSteering() qp.Steering {
+	if p := r.fb.prim.Load(); p != nil {
+		return p.steer
 	}
 	return r.fb.standby.steer
 }
@@ -267,10 +254,7 @@ func (r *Ring) watch() {
 			if p := fp.primErr.Load(); p != nil {
 				why = *p
 			} else {
-				r.mu.Lock()
-				prim := fs.prim
-				r.mu.Unlock()
-				if prim != nil {
+				if prim := fs.prim.Load(); prim != nil {
 					why = prim.steer.Healthy()
 				}
 			}
@@ -336,8 +320,7 @@ func (r *Ring) restore() error {
 		return errRingClosed
 	}
 	r.mu.Lock()
-	old := fs.prim
-	fs.prim = nil
+	old := fs.prim.Swap(nil)
 	r.mu.Unlock()
 	if old != nil {
 		if err := old.close(); err != nil {
@@ -361,7 +344,7 @@ func (r *Ring) restore() error {
 			return fmt.Errorf("steer %v: %w", f, err)
 		}
 	}
-	fs.prim = &p
+	fs.prim.Store(&p)
 	r.mu.Unlock()
 	fp.primErr.Store(nil)
 	fp.newPrim.Store(&p)
@@ -679,10 +662,7 @@ func (fp *fallbackProvider) FD() int { return fp.tap.FD() }
 // Stats adds both paths' counters.
 func (fp *fallbackProvider) Stats() qp.Stats {
 	st := fp.tap.Stats()
-	fp.r.mu.Lock()
-	prim := fp.r.fb.prim
-	fp.r.mu.Unlock()
-	if prim != nil {
+	if prim := fp.r.fb.prim.Load(); prim != nil {
 		ps := prim.prov.Stats()
 		st.RXPackets += ps.RXPackets
 		st.TXPackets += ps.TXPackets

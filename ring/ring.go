@@ -310,9 +310,7 @@ func (r *Ring) Endpoints() int { return len(r.table.Load().all) }
 // Program returns the XDP steering program the ring uses, nil when its
 // provider is steered otherwise.
 func (r *Ring) Program() *bpf.Program {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if s, ok := r.mainSteeringLocked().(*xdpSteering); ok {
+	if s, ok := r.mainSteering().(*xdpSteering); ok {
 		return s.prog
 	}
 	return nil
@@ -320,11 +318,7 @@ func (r *Ring) Program() *bpf.Program {
 
 // Flows lists the flows steered to the ring, as the kernel reports them
 // (the fast path's steering; the TAP's without one).
-func (r *Ring) Flows() ([]qp.Flow, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.mainSteeringLocked().Flows()
-}
+func (r *Ring) Flows() ([]qp.Flow, error) { return r.mainSteering().Flows() }
 
 // Done is closed when the engine has stopped: after Close, or when it failed
 // (then Err says why).

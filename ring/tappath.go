@@ -13,7 +13,10 @@ import (
 func init() { RegisterProvider(taprov.Name, openTAPPath) }
 
 func openTAPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
-	dev, err := tap.Create(tap.DeviceConfig{Name: tap.DeviceName(pc.Ifindex, pc.Queue), MAC: pc.MAC, MTU: pc.MTU})
+	// The TAP queues at least as many frames as the fast path's receive
+	// ring holds: what the ring absorbs while its engine is busy.
+	dev, err := tap.Create(tap.DeviceConfig{Name: tap.DeviceName(pc.Ifindex, pc.Queue), MAC: pc.MAC, MTU: pc.MTU,
+		TxQueueLen: pc.Frames})
 	if err != nil {
 		return nil, nil, err
 	}

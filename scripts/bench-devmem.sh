@@ -27,7 +27,8 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 
 # run MODE I: one ping-pong through a daemon with staging MODE (off|on).
 run() {
-  local args=(--rx-poll "$POLL" --engine-poll "$POLL")
+  # Staging needs a fixed provider: both runs without the TAP fallback.
+  local args=(--rx-poll "$POLL" --engine-poll "$POLL" --fallback none)
   [ "$1" = on ] && args+=(--dev-mem-tx "$DEVMEM")
   lab_start_daemon "${args[@]}"
   ip netns exec "$NS_A" env BYPASSD_SOCKET="$BYPASSD_SOCK" "$BIN/bypass-perf" --no-color \

@@ -24,8 +24,9 @@ type DeviceConfig struct {
 	MAC net.HardwareAddr
 	// MTU of the device (the NIC's).
 	MTU int
-	// TxQueueLen bounds the frames queued for the reader (default 4096):
-	// what the TAP absorbs while the ring is busy or switching paths.
+	// TxQueueLen bounds the frames queued for the reader (default and
+	// minimum 8192): what the TAP absorbs while the ring is busy or
+	// switching paths.
 	TxQueueLen int
 }
 
@@ -51,9 +52,7 @@ func Create(cfg DeviceConfig) (_ *Device, err error) {
 	if cfg.Name == "" || len(cfg.Name) >= unix.IFNAMSIZ || strings.ContainsAny(cfg.Name, "/ \t\n") {
 		return nil, fmt.Errorf("tap: invalid device name %q (1-15 bytes, no slash or space)", cfg.Name)
 	}
-	if cfg.TxQueueLen == 0 {
-		cfg.TxQueueLen = 8192
-	}
+	cfg.TxQueueLen = max(cfg.TxQueueLen, 8192)
 	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("tap %s: open /dev/net/tun: %w (is the tun module loaded? `modprobe tun`)", cfg.Name, err)

@@ -59,6 +59,8 @@ func newLab(t *testing.T) *lab {
 		// Room for every frame TestViewsMatchTraffic sends at once, so
 		// none is oob.
 		DevMemTX: 256 << 10,
+		// Staging needs a fixed provider: no TAP fallback.
+		Fallback: "none",
 		Version:  "test",
 		LogLevel: &level,
 	}, zaptest.NewLogger(t, zaptest.Level(level)))
