@@ -6,7 +6,7 @@
 # 1-second window (mean, worst) and the inter-departure jitter against the
 # ideal gap, first with the default scheduler, then with the engine thread
 # at SCHED_FIFO priority 10 (--engine-priority); then the CPU an idle daemon
-# uses with 1,000 paced silent sockets. The kernel cannot pace UDP here (no
+# uses with 1,000 silent sockets, unpaced (the baseline) and paced. The kernel cannot pace UDP here (no
 # fq qdisc), so there is no kernel ratio. Needs root and `make build`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,5 +25,8 @@ for prio in 0 10; do
   lab_stop_daemon
 done
 
-lab_start_daemon --pacing-max-queues "$IDLE_SOCKETS"
-BYPASSD_SOCKET="$BYPASSD_SOCK" "$BIN/pacebench" idle -pid "$lab_daemon_pid" -sockets "$IDLE_SOCKETS" -seconds "$IDLE_SECS"
+for mode in -unpaced ""; do
+  lab_start_daemon --pacing-max-queues "$IDLE_SOCKETS"
+  BYPASSD_SOCKET="$BYPASSD_SOCK" "$BIN/pacebench" idle -pid "$lab_daemon_pid" -sockets "$IDLE_SOCKETS" -seconds "$IDLE_SECS" $mode
+  lab_stop_daemon
+done

@@ -2,7 +2,7 @@
 // scripts/bench-pacing.sh (make bench):
 //
 //	pacebench accuracy [-rates 10,100,500] [-seconds 5] [-size 1400] -dst IP
-//	pacebench idle -pid PID [-sockets 1000] [-seconds 10]
+//	pacebench idle -pid PID [-sockets 1000] [-seconds 10] [-unpaced]
 //
 // accuracy runs in the receiving namespace: for each rate in turn, one
 // socket on the bypassd shim (BYPASSD_SOCKET) sends size-byte datagrams as
@@ -13,7 +13,8 @@
 // (no fq qdisc), so there is no kernel row to compare with.
 //
 // idle opens that many paced sockets that send nothing and reports the CPU
-// time the daemon (PID) used over the period, from /proc/PID/stat.
+// time the daemon (PID) used over the period, from /proc/PID/stat; with
+// -unpaced the same sockets without pacing, the baseline.
 package main
 
 import (
@@ -151,6 +152,7 @@ func idle(args []string) error {
 	pid := fs.Int("pid", 0, "the daemon's pid (required)")
 	n := fs.Int("sockets", 1000, "paced sockets that send nothing")
 	secs := fs.Int("seconds", 10, "measurement period")
+	unpaced := fs.Bool("unpaced", false, "open the sockets without pacing (the baseline)")
 	_ = fs.Parse(args)
 	if *pid <= 0 {
 		return errors.New("-pid is required")
@@ -161,9 +163,12 @@ func idle(args []string) error {
 	}
 	defer c.Close()
 	for i := 0; i < *n; i++ {
-		// 16 distinct rates (the default table), 1..16 Mbit/s.
-		u, err := c.ListenUDPConfig("udp", netip.AddrPort{}, socket.ListenConfig{QueueBytes: 4096,
-			Pacing: socket.Pacing{Kbps: uint32(1000 * (1 + i%16))}})
+		cfg := socket.ListenConfig{QueueBytes: 4096}
+		if !*unpaced {
+			// 16 distinct rates (the default table), 1..16 Mbit/s.
+			cfg.Pacing = socket.Pacing{Kbps: uint32(1000 * (1 + i%16))}
+		}
+		u, err := c.ListenUDPConfig("udp", netip.AddrPort{}, cfg)
 		if err != nil {
 			return fmt.Errorf("socket %d: %w", i, err)
 		}
@@ -182,8 +187,12 @@ func idle(args []string) error {
 	}
 	// USER_HZ is 100 on Linux.
 	used := float64(after-before) / 100
-	fmt.Printf("idle daemon with %d paced silent sockets: %.2f%% of one CPU over %.0f s (%.2f s of CPU)\n",
-		*n, 100*used/time.Since(t0).Seconds(), time.Since(t0).Seconds(), used)
+	kind := "paced"
+	if *unpaced {
+		kind = "unpaced"
+	}
+	fmt.Printf("idle daemon with %d %s silent sockets: %.2f%% of one CPU over %.0f s (%.2f s of CPU)\n",
+		*n, kind, 100*used/time.Since(t0).Seconds(), time.Since(t0).Seconds(), used)
 	return nil
 }
 
