@@ -136,6 +136,10 @@ type engine struct {
 	hwRate    qp.RateLimiter
 	hwNext    int
 	hwFree    []int
+	// paceSpin is the adaptive spin margin; paceWake when a sleep
+	// shortened for a departure is meant to end (0: it was not).
+	paceSpin time.Duration
+	paceWake int64
 }
 
 // pruneTemplates forgets the templates of endpoints no longer bound.
@@ -261,6 +265,7 @@ func (e *engine) sleep(t *table) error {
 		r.stats.Wakeups.Add(1)
 	}
 	woke, err := r.prov.Wait(timeout, r.doorbell.FD())
+	e.paceWoke()
 	for _, ep := range t.all {
 		ep.etx.DisarmReadWait()
 	}

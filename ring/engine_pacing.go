@@ -21,10 +21,19 @@ import (
 // (qp.RateLimiter) the engine gives each paced endpoint its own send queue
 // and lets the device enforce the rate.
 
-// paceSpin is how close to the next departure the engine stops sleeping
-// and spins instead: a sleep ends up to a few tens of microseconds late on
-// a loaded machine, which would show as departure jitter.
-const paceSpin = 10 * time.Microsecond
+// The engine stops sleeping a margin before the next departure and spins
+// the rest of the way: a sleep ends a few to tens of microseconds late,
+// more on a loaded machine, and that would show as departure jitter. The
+// margin follows the wake-up lateness the engine observes (a high
+// quantile of it, see paceWoke), within these bounds: spinning longer
+// than the upper one costs more CPU than the jitter it saves, and an
+// engine under SCHED_FIFO that never sleeps is stopped by the kernel's
+// real-time throttling (50 ms of every second by default).
+const (
+	paceSpinMin  = 2 * time.Microsecond
+	paceSpinMax  = 20 * time.Microsecond
+	paceSpinInit = 5 * time.Microsecond
+)
 
 // paceState is an endpoint's pacing state, owned by the engine thread.
 type paceState struct {
@@ -70,6 +79,7 @@ func (e *engine) monotonic() int64 { return int64(time.Since(e.clockBase)) }
 
 func (e *engine) initPacing() {
 	e.clockBase = time.Now()
+	e.paceSpin = paceSpinInit
 	e.wheel = pacing.NewWheel[*Endpoint](0)
 	e.paced = map[*Endpoint]struct{}{}
 	e.hwRate, _ = e.r.prov.(qp.RateLimiter)
@@ -234,19 +244,47 @@ func (e *engine) paceCharge(ep *Endpoint, wire int) {
 	e.r.stats.TXPaced.Add(1)
 }
 
-// paceTimeout shortens a sleep of at most d so that the engine wakes
-// paceSpin before the next departure.
+// paceTimeout shortens a sleep of at most d so that the engine wakes the
+// spin margin before the next departure, and notes when it means to wake.
 func (e *engine) paceTimeout(d time.Duration) time.Duration {
+	e.paceWake = 0
 	next, ok := e.wheel.Next()
 	if !ok {
 		return d
 	}
-	return max(min(d, time.Duration(next-e.monotonic())-paceSpin), 0)
+	now := e.monotonic()
+	if t := time.Duration(next-now) - e.paceSpin; t < d {
+		d = max(t, 0)
+		e.paceWake = now + int64(d)
+	}
+	return d
 }
 
-// paceImminent reports whether a departure is due within paceSpin: the
-// engine spins rather than sleeps.
+// paceWoke adapts the spin margin after a sleep shortened for a departure:
+// lateness above the margin pulls it up by an eighth of the difference,
+// below it lets it down by 1/256, so it settles near the 97th percentile
+// of the wake-up lateness. A wake-up before the deadline (a packet, the
+// doorbell) says nothing about lateness.
+func (e *engine) paceWoke() {
+	if e.paceWake == 0 {
+		return
+	}
+	late := time.Duration(e.monotonic() - e.paceWake)
+	e.paceWake = 0
+	switch {
+	case late < 0:
+		return
+	case late > e.paceSpin:
+		e.paceSpin += (late - e.paceSpin) / 8
+	default:
+		e.paceSpin -= (e.paceSpin - late) / 256
+	}
+	e.paceSpin = min(max(e.paceSpin, paceSpinMin), paceSpinMax)
+}
+
+// paceImminent reports whether a departure is due within the spin margin:
+// the engine spins rather than sleeps.
 func (e *engine) paceImminent() bool {
 	next, ok := e.wheel.Next()
-	return ok && time.Duration(next-e.monotonic()) < paceSpin
+	return ok && time.Duration(next-e.monotonic()) < e.paceSpin
 }

@@ -93,9 +93,9 @@ func TestPacingAccuracy(t *testing.T) {
 		dst  netip.AddrPort
 	}
 	flows := []*flow{{rate: pacing.Rate{Kbps: 10_000}}, {rate: pacing.Rate{Kbps: 100_000}}, {rate: pacing.Rate{Kbps: 500_000}}}
-	recv := func() (*arrivals.Recorder, netip.AddrPort) {
+	recv := func(expect int) (*arrivals.Recorder, netip.AddrPort) {
 		c := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
-		rec, err := arrivals.Record(c)
+		rec, err := arrivals.Record(c, expect)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,7 +104,8 @@ func TestPacingAccuracy(t *testing.T) {
 	for _, f := range flows {
 		f.ep = l.bind(t, netip.AddrPortFrom(l.p.A.Addr4(), 0))
 		f.ep.SetPacing(&f.rate)
-		f.rec, f.dst = recv()
+		// Datagrams of 1442 wire bytes over the run, with room to spare.
+		f.rec, f.dst = recv(int(f.rate.Kbps) * 1000 / 8 / 1442 * (windows + 2))
 	}
 	late := arrivals.Sample(20*time.Millisecond, l.r.Stats().TXPaceLate.Load)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -122,7 +123,7 @@ func TestPacingAccuracy(t *testing.T) {
 	// Unpaced traffic meanwhile: 2000 datagrams (22 Mbit) arrive in far
 	// less than the 2.2 s the slowest paced flow would need for them.
 	up := l.bind(t, netip.AddrPortFrom(l.p.A.Addr4(), 0))
-	uprec, updst := recv()
+	uprec, updst := recv(2000)
 	sentAt := time.Now()
 	b := make([]byte, size)
 	for i := 0; i < 2000; i++ {
@@ -182,7 +183,8 @@ func TestPacingHundredFlows(t *testing.T) {
 	const flows = 100
 	// One receiver for all: senders are told apart by source port.
 	c := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
-	rec, err := arrivals.Record(c)
+	// 1050 Mbit/s of 1442-byte frames for 5 s, with room to spare.
+	rec, err := arrivals.Record(c, 500_000)
 	if err != nil {
 		t.Fatal(err)
 	}

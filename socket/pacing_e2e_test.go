@@ -36,7 +36,7 @@ func TestE2EPacing(t *testing.T) {
 	late := arrivals.Sample(20*time.Millisecond, l.d.Rings()[0].Stats().TXPaceLate.Load)
 	recv := func() (*arrivals.Recorder, netip.AddrPort) {
 		k := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
-		rec, err := arrivals.Record(k)
+		rec, err := arrivals.Record(k, 60_000) // 100 Mbit/s of 1442-byte frames for 5 s
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -89,7 +89,7 @@ func runRate(c *socket.Client, addr netip.Addr, mbps, secs, size int) error {
 		return err
 	}
 	defer k.Close()
-	rec, err := arrivals.Record(k)
+	rec, err := arrivals.Record(k, mbps*1_000_000/8/(size+arrivals.WireOverhead4)*(secs+2))
 	if err != nil {
 		return err
 	}

@@ -46,8 +46,11 @@ type Recorder struct {
 
 // Record turns on receive timestamps on c, enlarges its buffer so a
 // reader that falls behind loses nothing (SO_RCVBUFFORCE, needs
-// CAP_NET_ADMIN; best effort) and starts recording.
-func Record(c *net.UDPConn) (*Recorder, error) {
+// CAP_NET_ADMIN; best effort) and starts recording. expect is how many
+// datagrams are expected: room for them is allocated up front, so that
+// the recording does not make the garbage collector stop a process whose
+// pacing is being measured.
+func Record(c *net.UDPConn, expect int) (*Recorder, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return nil, fmt.Errorf("arrivals: %w", err)
@@ -62,7 +65,7 @@ func Record(c *net.UDPConn) (*Recorder, error) {
 	if serr != nil {
 		return nil, fmt.Errorf("arrivals: SO_TIMESTAMPNS: %w", serr)
 	}
-	r := &Recorder{c: c, done: make(chan struct{})}
+	r := &Recorder{c: c, done: make(chan struct{}), got: make([]Arrival, 0, max(expect, 0))}
 	go r.loop(rc)
 	return r, nil
 }

@@ -53,7 +53,7 @@ func TestRecordLoopback(t *testing.T) {
 		t.Skipf("no loopback UDP: %v", err)
 	}
 	defer rx.Close()
-	rec, err := Record(rx)
+	rec, err := Record(rx, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
