@@ -539,6 +539,7 @@ func (d *Daemon) ringBlocks() []stats.Ring {
 			c[stats.RingHWTSErrorNs] = uint64(e)
 		}
 		ri.pacingCounters(c)
+		fallbackCounters(r, c)
 		out = append(out, b)
 	}
 	return out

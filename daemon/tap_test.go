@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/stats"
 	"github.com/bypassd/bypassd/tap"
 )
 
@@ -61,6 +62,12 @@ func TestTAPFiltersFollowSockets(t *testing.T) {
 	if got := redirects(); got != len(want)+2 {
 		t.Errorf("%d redirects to %s, want %d (one per socket, one fragment filter per address):\n%s",
 			got, tapName, len(want)+2, tcShow("filter", "show", "dev", l.p.A.Name, "ingress"))
+	}
+	var c3 stats.RingCounters
+	fallbackCounters(l.d.Rings()[0], &c3)
+	if c3[stats.RingTAPFallback] != 2 || c3[stats.RingTAPActive] != 1 || c3[stats.RingTAPFD] == 0 ||
+		c3[stats.RingTAPIfindex] == 0 || c3[stats.RingVFPlugouts] != 0 {
+		t.Errorf("TAP counters of a forced TAP ring: %v", c3[stats.RingTAPFallback:stats.RingTAPTXDropped+1])
 	}
 	// The client goes away: its sockets' filters go with it.
 	_ = c.c.Close()

@@ -105,6 +105,14 @@ var ringSeries = []struct {
 	{RingTXPaced, counter("ring_tx_paced_packets_total", "Datagrams sent from paced sockets.", ringLabels...)},
 	{RingTXPaceWaits, counter("ring_tx_pace_waits_total", "Times a paced socket's next datagram waited for its departure time.", ringLabels...)},
 	{RingTXPaceLate, counter("ring_tx_pace_late_total", "Paced departures later than the burst allowance could make up for (rate lost).", ringLabels...)},
+	{RingTAPActive, gauge("ring_tap_active", "1 while the TAP fallback path carries the ring's flows.", ringLabels...)},
+	{RingVFPlugouts, counter("ring_vf_plugouts_total", "Switches of the ring's flows to the TAP path (fast path lost).", ringLabels...)},
+	{RingVFPlugins, counter("ring_vf_plugins_total", "Switches of the ring's flows back to the fast path.", ringLabels...)},
+	{RingTAPRXPackets, counter("ring_tap_rx_packets_total", "Frames received through the TAP.", ringLabels...)},
+	{RingTAPRXBytes, counter("ring_tap_rx_bytes_total", "Bytes of the frames received through the TAP.", ringLabels...)},
+	{RingTAPTXPackets, counter("ring_tap_tx_packets_total", "Frames sent through the TAP.", ringLabels...)},
+	{RingTAPTXBytes, counter("ring_tap_tx_bytes_total", "Bytes of the frames sent through the TAP.", ringLabels...)},
+	{RingTAPTXDropped, counter("ring_tap_tx_dropped_packets_total", "Frames built for a lost fast path, dropped at the switch to the TAP.", ringLabels...)},
 }
 
 var (

@@ -297,6 +297,17 @@ const (
 	RingRateNearest                            // rates granted as the nearest rate of a full table (interface-wide)
 	RingRateRefusedFull                        // rates refused: table full or paced socket limit (interface-wide)
 	RingRateRefusedRange                       // rates refused: outside the interface's range (interface-wide)
+	RingTAPFallback                            // gauge: fallback mode (0 none, 1 auto, 2 tap)
+	RingTAPActive                              // gauge: 1 while the TAP path carries the ring's flows
+	RingVFPlugouts                             // switches of the flows to the TAP path (fast path lost)
+	RingVFPlugins                              // switches back to the fast path
+	RingTAPFD                                  // gauge: the TAP's file descriptor in bypassd (0: no TAP)
+	RingTAPIfindex                             // gauge: the TAP device's ifindex (0: no TAP)
+	RingTAPRXPackets                           // frames received through the TAP
+	RingTAPRXBytes                             // their bytes (whole frames)
+	RingTAPTXPackets                           // frames sent through the TAP
+	RingTAPTXBytes                             // their bytes (whole frames)
+	RingTAPTXDropped                           // frames built for a lost fast path, dropped at the switch
 	NumRingCounters                            // number of ring counters in this version
 )
 
@@ -310,7 +321,8 @@ const (
 // IsGauge reports whether c is a value at the snapshot rather than a count.
 func (c RingCounter) IsGauge() bool {
 	switch c {
-	case RingHWTSMode, RingHWTSErrorNs, RingPacedQueues, RingRateEntries, RingRateCapacity:
+	case RingHWTSMode, RingHWTSErrorNs, RingPacedQueues, RingRateEntries, RingRateCapacity,
+		RingTAPFallback, RingTAPActive, RingTAPFD, RingTAPIfindex:
 		return true
 	}
 	return false
@@ -329,6 +341,8 @@ var ringCounterNames = [NumRingCounters]string{
 	"dev_mem_oob", "dev_mem_errors", "hw_ts_mode", "hw_ts_error_ns",
 	"paced_queues", "tx_paced", "tx_pace_waits", "tx_pace_late",
 	"rate_entries", "rate_capacity", "rate_shared", "rate_nearest", "rate_refused_full", "rate_refused_range",
+	"tap_fallback", "tap_active", "vf_plugouts", "vf_plugins", "tap_fd", "tap_ifindex",
+	"tap_rx_packets", "tap_rx_bytes", "tap_tx_packets", "tap_tx_bytes", "tap_tx_dropped",
 }
 
 func (c RingCounter) String() string {

@@ -382,6 +382,19 @@ func (v *viewer) ringBlock(r *stats.Ring, prev *stats.Snapshot, _ *stats.Snapsho
 	// Gauges: the snapshot's values, never deltas.
 	fmt.Fprintf(w, "\tHW Timestamps: mode %d (%s), estimated error %d ns\n", r.Counters[stats.RingHWTSMode],
 		tsconv.Mode(r.Counters[stats.RingHWTSMode]), r.Counters[stats.RingHWTSErrorNs])
+	if r.Counters[stats.RingTAPIfindex] != 0 {
+		fallback := [...]string{"none", "auto", "tap"}[min(r.Counters[stats.RingTAPFallback], 2)]
+		path := "fast path"
+		if r.Counters[stats.RingTAPActive] != 0 {
+			path = "TAP"
+		}
+		fmt.Fprintf(w, "\tTap fd: %d, Tap Device: ifindex %d, fallback %s, flows on the %s\n", r.Counters[stats.RingTAPFD],
+			r.Counters[stats.RingTAPIfindex], fallback, path)
+		fmt.Fprintf(w, "\tVF Plugouts: %d, plug-ins %d, tx dropped at a switch %d\n",
+			c(stats.RingVFPlugouts), c(stats.RingVFPlugins), c(stats.RingTAPTXDropped))
+		fmt.Fprintf(w, "\tTap Rx Offload: %d / %d [kilobytes/packets]\n", kb(c(stats.RingTAPRXBytes)), c(stats.RingTAPRXPackets))
+		fmt.Fprintf(w, "\tTap Tx Offload: %d / %d [kilobytes/packets]\n", kb(c(stats.RingTAPTXBytes)), c(stats.RingTAPTXPackets))
+	}
 	fmt.Fprintf(w, "\tReassembly: %d / %d / %d / %d / %d / %d [reassembled/timeouts/evicted/overlaps/invalid/too big]\n",
 		c(stats.RingReasmReassembled), c(stats.RingReasmTimeouts), c(stats.RingReasmEvicted), c(stats.RingReasmOverlaps),
 		c(stats.RingReasmInvalid), c(stats.RingReasmTooBig))
