@@ -188,16 +188,19 @@ func (p *Provider) Wait(timeout time.Duration, extra int) (bool, error) {
 	if p.err != nil {
 		return false, p.err
 	}
-	ms := -1
+	// ppoll, not poll: the engine sleeps until paced departures and
+	// needs microseconds, not whole milliseconds (qp.Provider.Wait).
+	var ts *unix.Timespec
 	if timeout >= 0 {
-		ms = int((timeout + time.Millisecond - 1) / time.Millisecond)
+		t := unix.NsecToTimespec(int64(timeout))
+		ts = &t
 	}
 	fds := p.pollFds[:1]
 	if extra >= 0 {
 		p.pollFds[1] = unix.PollFd{Fd: int32(extra), Events: unix.POLLIN}
 		fds = p.pollFds[:2]
 	}
-	if _, err := unix.Poll(fds, ms); err != nil && err != unix.EINTR {
+	if _, err := unix.Ppoll(fds, ts, nil); err != nil && err != unix.EINTR {
 		return false, fmt.Errorf("tap %s: poll: %w", p.dev.Name(), err)
 	}
 	if p.pollFds[0].Revents&(unix.POLLERR|unix.POLLNVAL) != 0 {
