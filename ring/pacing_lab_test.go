@@ -40,7 +40,7 @@ func isTimeout(err error) bool {
 // later than its burst allowance covers (late moved: the machine did not
 // run the engine in time) are logged, not judged. It returns the accuracy
 // and how many windows were judged.
-func pacingWindows(t *testing.T, name string, arr []arrivals.Arrival, start int64, n int, rate pacing.Rate, size int, late *arrivals.Sampler) (arrivals.Accuracy, int) {
+func pacingWindows(t *testing.T, name string, arr []arrivals.Arrival, start int64, n int, rate pacing.Rate, size int, late *arrivals.Sampler, bursts bool) (arrivals.Accuracy, int) {
 	t.Helper()
 	want := float64(rate.Kbps) * 1000
 	acc := arrivals.MeasureAccuracy(arr, arrivals.WireOverhead4, start, time.Second, n, want)
@@ -62,8 +62,10 @@ func pacingWindows(t *testing.T, name string, arr []arrivals.Arrival, start int6
 			}
 		}
 		excess := arrivals.MaxExcess(in, arrivals.WireOverhead4, want)
-		if limit := float64(rate.Burst()) + float64(size+arrivals.WireOverhead4); excess > limit {
+		if limit := float64(rate.Burst()) + float64(size+arrivals.WireOverhead4); excess > limit && bursts {
 			t.Errorf("%s: window %d: a burst of %.0f bytes beyond the rate; allowance %d", name, i, excess, rate.Burst())
+		} else if excess > limit {
+			t.Logf("%s: window %d: a burst of %.0f bytes at the receiver; allowance %d (not judged on this path)", name, i, excess, rate.Burst())
 		}
 	}
 	if judged < 2 {
@@ -156,7 +158,7 @@ func TestPacingAccuracy(t *testing.T) {
 			t.Fatalf("%v: %d datagrams arrived: %v", f.rate, len(arr), err)
 		}
 		// From 200 ms after the first arrival: past the initial burst.
-		acc, n := pacingWindows(t, f.rate.String(), arr, arr[0].T+int64(200*time.Millisecond), windows, f.rate, size, late)
+		acc, n := pacingWindows(t, f.rate.String(), arr, arr[0].T+int64(200*time.Millisecond), windows, f.rate, size, late, true)
 		judged += n
 		j := arrivals.GapJitter(arr[len(arr)/10:], arrivals.WireOverhead4, float64(f.rate.Kbps)*1000)
 		t.Logf("%v: rate error mean %.3f%% worst %+.3f%%, gap jitter p50 %v p99 %v max %v",
@@ -271,7 +273,10 @@ func TestPacingTAPPath(t *testing.T) {
 	if err != nil || len(arr) == 0 {
 		t.Fatalf("%d datagrams arrived: %v", len(arr), err)
 	}
-	acc, judged := pacingWindows(t, "tap "+rate.String(), arr, arr[0].T+int64(200*time.Millisecond), windows, rate, size, late)
+	// Bursts are not judged here: a frame written to the TAP enters the
+	// kernel's backlog queue, and the softirq that forwards it to the
+	// interface regroups frames after the pacer released them.
+	acc, judged := pacingWindows(t, "tap "+rate.String(), arr, arr[0].T+int64(200*time.Millisecond), windows, rate, size, late, false)
 	t.Logf("TAP path at %v: rate error mean %.3f%% worst %+.3f%%", rate, 100*acc.Mean, 100*acc.Worst)
 	if judged == 0 {
 		t.Skipf("no window could be judged: the machine starved the engine (%d late departures)", l.r.Stats().TXPaceLate.Load())
