@@ -73,8 +73,6 @@ func TestTakeTXRetiresUpToTheSignaledRequest(t *testing.T) {
 	p.dm = &DeviceRegion{size: 4096, released: func(off int) { released = append(released, off) }}
 	p.sq[0].inflight[3].handle = dmHandle | 64 // staged: not pool buffers
 	p.sq[0].inflight[4].handle = dmHandle | 256
-	p.dm.posted(64)
-	p.dm.posted(256)
 	p.pending = 10
 	// Queue 1 completes its third request: the first three retire.
 	if n := p.takeTX([]completion{{WRID: 1<<wrSeqBits | 2}}); n != 3 || len(p.sq[1].inflight) != 2 || p.pending != 7 || len(p.free) != 3 {
@@ -212,31 +210,29 @@ func TestNextRun(t *testing.T) {
 	}
 }
 
-// Staged frames on a paced QP and on the main QP complete in different
-// orders; the allocator still gets them back in posting order.
-func TestStagedReleaseOrderAcrossQueues(t *testing.T) {
+// Staged frames on a paced QP and on the main QP: each completion hands its
+// frames' offsets to the allocator at once, in each queue's posting order.
+func TestStagedReleaseOnCompletion(t *testing.T) {
 	p := bookkeepingProvider(1)
 	var released []int
 	p.dm = &DeviceRegion{size: 4096, released: func(off int) { released = append(released, off) }}
 	post := func(q int, seq uint64, off int) {
 		p.sq[q].inflight = append(p.sq[q].inflight, postedFrame{seq: seq, handle: dmHandle | uint64(off)})
-		p.dm.posted(off)
 		p.pending++
 	}
-	post(1, 0, 0)                     // paced, slow
-	post(0, 0, 256)                   // main
-	post(0, 1, 512)                   // main
-	post(1, 1, 768)                   // paced
-	p.takeTX([]completion{{WRID: 1}}) // main queue done: 256 and 512
-	if len(released) != 0 {
-		t.Fatalf("released %v while the paced frame posted first is in flight", released)
+	post(1, 0, 0)                                    // paced, slow
+	post(0, 0, 256)                                  // main
+	post(0, 1, 512)                                  // main
+	post(1, 1, 768)                                  // paced
+	p.takeTX([]completion{{WRID: 1}})                // the main queue's two
+	p.takeTX([]completion{{WRID: 1<<wrSeqBits | 1}}) // the paced queue's two
+	want := []int{256, 512, 0, 768}
+	if len(released) != len(want) || p.pending != 0 {
+		t.Fatalf("released %v, pending %d; want %v", released, p.pending, want)
 	}
-	p.takeTX([]completion{{WRID: 1 << wrSeqBits}}) // paced frame 0 done
-	if want := []int{0, 256, 512}; len(released) != 3 || released[0] != want[0] || released[1] != want[1] || released[2] != want[2] {
-		t.Fatalf("released %v, want %v", released, want)
-	}
-	p.takeTX([]completion{{WRID: 1<<wrSeqBits | 1}})
-	if len(released) != 4 || released[3] != 768 || len(p.dm.order) != 0 || p.pending != 0 {
-		t.Fatalf("released %v, order %v, pending %d", released, p.dm.order, p.pending)
+	for i := range want {
+		if released[i] != want[i] {
+			t.Fatalf("released %v, want %v", released, want)
+		}
 	}
 }

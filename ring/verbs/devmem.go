@@ -28,42 +28,8 @@ type DeviceRegion struct {
 	// zeros backs the Buf of TXFrame frames: their bytes live on the
 	// device, the host side only carries the length.
 	zeros []byte
-	// released gets the offset of every staged frame whose send completed,
-	// in posting order (see completed).
+	// released gets the offset of every staged frame whose send completed.
 	released func(off int)
-	// order holds the staged frames in flight, in posting order.
-	order []stagedFrame
-}
-
-// stagedFrame is a staged frame in flight and whether its send completed.
-type stagedFrame struct {
-	off  int
-	done bool
-}
-
-// posted records a staged frame handed to a send queue.
-func (r *DeviceRegion) posted(off int) {
-	r.order = append(r.order, stagedFrame{off: off})
-}
-
-// completed marks a staged frame's send done and gives back, in posting
-// order, every frame up to the oldest one still in flight. The staging
-// allocator frees space only in allocation order, but sends on different
-// QPs (a paced one and the main one) complete in different orders; a frame
-// that completes early waits here until those posted before it are done.
-func (r *DeviceRegion) completed(off int) {
-	for i := range r.order {
-		if r.order[i].off == off && !r.order[i].done {
-			r.order[i].done = true
-			break
-		}
-	}
-	n := 0
-	for n < len(r.order) && r.order[n].done {
-		r.released(r.order[n].off)
-		n++
-	}
-	r.order = r.order[:copy(r.order, r.order[n:])]
 }
 
 var _ qp.DeviceRegion = (*DeviceRegion)(nil)
@@ -108,8 +74,9 @@ func (r *DeviceRegion) release() error {
 
 // AllocDeviceMemory implements qp.DeviceMemory: size bytes of the device's
 // memory (rounded up to 64, and at most what the device has), once per
-// provider, released with it. released gets the offsets of completed staged
-// frames in the order they were posted, across all send queues.
+// provider, released with it. released gets the offset of each staged frame
+// as its send completes: in posting order per send queue, interleaved across
+// queues (the staging allocator takes that).
 func (p *Provider) AllocDeviceMemory(size int, released func(off int)) (qp.DeviceRegion, error) {
 	name := fmt.Sprintf("verbs %s/%d: device memory", p.cfg.Interface, p.cfg.Queue)
 	if p.closed {

@@ -552,12 +552,8 @@ func (p *Provider) post(q int, frames []qp.Frame) (int, error) {
 	k, err := cPostSend(s.qp, p.buildSends(q, frames[:n]))
 	p.posts.Add(1)
 	for i := 0; i < k; i++ {
-		h := frames[i].Handle
-		s.inflight = append(s.inflight, postedFrame{seq: s.seq, handle: h})
+		s.inflight = append(s.inflight, postedFrame{seq: s.seq, handle: frames[i].Handle})
 		s.seq++
-		if h&dmHandle != 0 && p.dm != nil {
-			p.dm.posted(int(h &^ dmHandle))
-		}
 	}
 	p.pending += k
 	p.txPackets.Add(uint64(k))
@@ -647,7 +643,7 @@ func (p *Provider) takeTX(batch []completion) int {
 			if h := s.inflight[i].handle; h&dmHandle == 0 {
 				p.free = append(p.free, h)
 			} else if p.dm != nil {
-				p.dm.completed(int(h &^ dmHandle))
+				p.dm.released(int(h &^ dmHandle))
 			}
 			i++
 		}
