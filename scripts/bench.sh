@@ -21,5 +21,8 @@ echo
 echo "== packet pacing: rate error and jitter per rate, idle CPU with paced silent sockets"
 scripts/bench-pacing.sh
 echo
+echo "== TAP fallback: TAP path vs afxdp vs kernel (throughput, latency), plug-out switch time and loss"
+scripts/bench-tap.sh
+echo
 echo "== packet path micro-benchmarks (pacing: scheduler ns per paced datagram at 1, 1000, 10000 flows)"
 go test -run '^$' -bench . -benchmem ./ring/packet/ ./ring/reassembly/ ./ring/devmem/ ./ring/tsconv/ ./ring/pacing/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'

@@ -48,6 +48,8 @@ type options struct {
 	devMemCmp bool
 	// tsCmp adds the RX cases with receive timestamping on.
 	tsCmp bool
+	// tapCmp adds the ring cases on the TAP fallback path.
+	tapCmp bool
 }
 
 func main() {
@@ -62,6 +64,7 @@ func main() {
 	flag.BoolVar(&o.statsCmp, "stats-cmp", true, "also run the shim cases with the daemon's stats files off (tx-shim-nostats, rx-shim-nostats) and print the difference")
 	flag.BoolVar(&o.devMemCmp, "devmem-cmp", false, "also run the ring TX case with egress staging in device memory on (tx-ring-devmem, 256 KiB) and print the on/off ratio")
 	flag.BoolVar(&o.tsCmp, "ts-cmp", false, "also run the RX ring and shim cases with receive timestamping on (rx-ring-ts, rx-shim-ts) and print the on/off difference")
+	flag.BoolVar(&o.tapCmp, "tap-cmp", false, "also run the ring cases on the TAP path (tx-ring-tap, rx-ring-tap: --fallback tap) and print them next to afxdp and the kernel")
 	flag.BoolVar(&o.split, "split", true, "senders on CPU 0, the receiving side (threaded NAPI, receiver) on CPU 1")
 	only := flag.String("only", "", "run only the cases whose name contains this, or one of these comma-separated strings (tx-kernel, tx-ring, tx-shim, rx-kernel, rx-ring, rx-shim)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -168,6 +171,15 @@ func run(o options) error {
 			fn   func() (sample, error)
 		}{"rx-shim-ts", b.rxShimTS})
 	}
+	if o.tapCmp {
+		cases = append(cases, struct {
+			name string
+			fn   func() (sample, error)
+		}{"tx-ring-tap", b.txRingTAP}, struct {
+			name string
+			fn   func() (sample, error)
+		}{"rx-ring-tap", b.rxRingTAP})
+	}
 	for i := 0; i < o.runs; i++ {
 		if (o.devMemCmp || o.tsCmp) && i > 0 {
 			// Staging on vs off is a small difference: alternate the
@@ -190,6 +202,7 @@ func run(o options) error {
 	reportStats(results)
 	reportDevMem(o, results, b.devMemSeen)
 	reportTS(o, results, [2]xdpCost{b.xdpPlain, b.xdpTS})
+	reportTAP(o, results)
 	return nil
 }
 
@@ -209,6 +222,8 @@ type bench struct {
 	// makes rxShim's socket ask for every timestamp.
 	hwts   tsconv.Mode
 	shimTS bool
+	// fallback is the fallback of rings openRing opens (the TAP cases).
+	fallback ring.Fallback
 	// xdpPlain and xdpTS sum the XDP program's statistics of the rx-ring
 	// runs without and with the timestamping variant.
 	xdpPlain, xdpTS xdpCost
@@ -346,7 +361,7 @@ func (b *bench) openRing(cpu int) (*ring.Ring, *ring.Endpoint, error) {
 	err := b.p.A.NS.Do(func() error {
 		var err error
 		r, err = ring.Open(ring.Config{Interface: b.p.A.Name, Poll: b.o.poll, CPUs: b.engineCPUs(cpu), DevMemTX: b.devMem,
-			HWTimestamps: b.hwts})
+			HWTimestamps: b.hwts, Fallback: b.fallback})
 		return err
 	})
 	if err != nil {
@@ -593,8 +608,10 @@ func col(ss []sample, f func(sample) float64) []float64 {
 }
 
 func report(o options, res map[string][]sample) {
-	if len(res) < 6 {
-		return
+	for _, c := range []string{"tx-kernel", "tx-ring", "tx-shim", "rx-kernel", "rx-ring", "rx-shim"} {
+		if len(res[c]) == 0 {
+			return // -only left some out
+		}
 	}
 	sent := func(s sample) float64 { return s.sent }
 	dlv := func(s sample) float64 { return s.delivered }
