@@ -227,6 +227,11 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Fallback == "" {
 		c.Fallback = ring.FallbackAuto.String()
+		if c.DevMemTX > 0 {
+			// Staging needs a fixed provider (see checkDevMem): asking
+			// for device memory turns the default TAP path off.
+			c.Fallback = ring.FallbackNone.String()
+		}
 	}
 	if c.StatsInterval == 0 {
 		c.StatsInterval = DefaultStatsInterval

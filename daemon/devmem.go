@@ -3,6 +3,8 @@ package daemon
 import (
 	"fmt"
 	"math"
+
+	"github.com/bypassd/bypassd/ring"
 )
 
 // maxDevMemInline bounds the inline threshold: no frame is larger.
@@ -22,6 +24,11 @@ func checkDevMem(c Config) error {
 	}
 	if c.DevMemTX == 0 {
 		return nil
+	}
+	// A ring with a TAP path changes provider at run time, and staged
+	// frames live in the fast path's memory: the ring would stage nothing.
+	if f, err := ring.ParseFallback(c.Fallback); err == nil && f != ring.FallbackNone {
+		return fmt.Errorf("device memory: --dev-mem-tx needs a ring without a TAP path, but --fallback is %s: use --fallback none (the default when --dev-mem-tx is set), or --dev-mem-tx 0 to keep the TAP fallback", f)
 	}
 	rings := map[string]int{}
 	for _, it := range c.Interfaces {

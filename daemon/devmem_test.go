@@ -21,6 +21,18 @@ func TestDevMemConfig(t *testing.T) {
 	if err := (Config{Interfaces: two, DevMemTX: 200 << 10, DevMemMax: 400 << 10}).Validate(); err != nil {
 		t.Fatalf("raised cap: %v", err)
 	}
+	// Staging needs a fixed provider: no TAP path unless asked for, and
+	// asking for one is refused with what to change.
+	if c := (Config{Interfaces: two, DevMemTX: 64}).withDefaults(); c.Fallback != "none" {
+		t.Fatalf("fallback with device memory: %q, want none", c.Fallback)
+	}
+	if c := (Config{Interfaces: two}).withDefaults(); c.Fallback != "auto" {
+		t.Fatalf("fallback without device memory: %q, want auto", c.Fallback)
+	}
+	err = Config{Interfaces: two, DevMemTX: 64, Fallback: "auto"}.Validate()
+	if err == nil || !strings.Contains(err.Error(), "--fallback none") {
+		t.Fatalf("device memory with fallback auto: %v", err)
+	}
 	for _, bad := range []Config{{DevMemTX: -1}, {DevMemMax: -1}, {DevMemInline: 1 << 16}} {
 		bad.Interfaces = two
 		if err := bad.Validate(); err == nil {
