@@ -448,7 +448,10 @@ func (fp *fallbackProvider) apply() {
 	if fp.dropReq.Load() && fp.txOut == 0 && fp.rxOut == 0 && !fp.onPrim {
 		fp.dropReq.Store(false)
 		fp.prim = nil
-		fp.dropped <- struct{}{}
+		select {
+		case fp.dropped <- struct{}{}:
+		default: // a signal is pending already
+		}
 	}
 	if p := fp.newPrim.Load(); p != nil && fp.prim == nil {
 		fp.newPrim.Store(nil)

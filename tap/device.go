@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/vishvananda/netlink"
@@ -42,7 +43,9 @@ func DeviceName(ifindex, queue int) string {
 type Device struct {
 	name    string
 	ifindex int
-	fd      int
+	// fd is -1 once closed; atomic because stats readers ask for it
+	// while the owner may be closing the device.
+	fd atomic.Int32
 }
 
 // Create makes a TAP device in the calling thread's network namespace,
@@ -57,7 +60,8 @@ func Create(cfg DeviceConfig) (_ *Device, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("tap %s: open /dev/net/tun: %w (is the tun module loaded? `modprobe tun`)", cfg.Name, err)
 	}
-	d := &Device{name: cfg.Name, fd: fd}
+	d := &Device{name: cfg.Name}
+	d.fd.Store(int32(fd))
 	defer func() {
 		if err != nil {
 			_ = unix.Close(fd)
@@ -112,11 +116,11 @@ func (d *Device) Ifindex() int { return d.ifindex }
 // FD returns the non-blocking TAP descriptor: reading it yields the frames
 // the device transmits (what tc redirected to it), writing it injects frames
 // the device receives.
-func (d *Device) FD() int { return d.fd }
+func (d *Device) FD() int { return int(d.fd.Load()) }
 
 // Read reads one frame; unix.EAGAIN when none is queued.
 func (d *Device) Read(b []byte) (int, error) {
-	n, _, e := unix.Syscall(unix.SYS_READ, uintptr(d.fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	n, _, e := unix.Syscall(unix.SYS_READ, uintptr(d.fd.Load()), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
 	if e != 0 {
 		return 0, e
 	}
@@ -125,7 +129,7 @@ func (d *Device) Read(b []byte) (int, error) {
 
 // Write injects one frame.
 func (d *Device) Write(b []byte) error {
-	_, _, e := unix.Syscall(unix.SYS_WRITE, uintptr(d.fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	_, _, e := unix.Syscall(unix.SYS_WRITE, uintptr(d.fd.Load()), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
 	if e != 0 {
 		return e
 	}
@@ -135,12 +139,11 @@ func (d *Device) Write(b []byte) error {
 // Close closes the descriptor; the kernel removes the device with it (and
 // the device's qdiscs and filters).
 func (d *Device) Close() error {
-	if d.fd < 0 {
+	fd := d.fd.Swap(-1)
+	if fd < 0 {
 		return nil
 	}
-	err := unix.Close(d.fd)
-	d.fd = -1
-	if err != nil {
+	if err := unix.Close(int(fd)); err != nil {
 		return fmt.Errorf("tap %s: close: %w", d.name, err)
 	}
 	return nil
