@@ -155,8 +155,10 @@ func TestPlugOutUnderLoad(t *testing.T) {
 	detachedAt := time.Now() // the detach happened before bpftool returned
 	waitFor("switch to the TAP path", func(s ring.FallbackStats) bool { return s.OnTAP })
 	detected := time.Since(detachedAt)
+	seqOut := sent.Load()
 
 	waitFor("switch back to the fast path", func(s ring.FallbackStats) bool { return s.Plugins == 1 })
+	seqIn := sent.Load()
 
 	if attached, err := l.r.Program().Attached(); err != nil || !attached {
 		t.Fatalf("fast path restored but its program is not attached: %v, %v", attached, err)
@@ -185,8 +187,21 @@ func TestPlugOutUnderLoad(t *testing.T) {
 		}
 	}
 	var lost, run, maxRun uint64
-	for _, ok := range seen {
+	// Where the stream lost stretches: before the plug-out was seen, on
+	// the TAP, after the plug-in was seen (sequence numbers sent by then).
+	var stretches []string
+	for seq, ok := range seen {
 		if ok {
+			if run > 0 {
+				where := "on the TAP"
+				switch start := uint64(seq) - run; {
+				case start < seqOut:
+					where = "before the plug-out was seen"
+				case start >= seqIn:
+					where = "after the plug-in was seen"
+				}
+				stretches = append(stretches, fmt.Sprintf("%d from seq %d (%s)", run, uint64(seq)-run, where))
+			}
 			run = 0
 			continue
 		}
@@ -214,6 +229,9 @@ func TestPlugOutUnderLoad(t *testing.T) {
 		"switched to the TAP %v after the detach returned; longest lost stretch %v, longest receive gap %v; TAP carried %d datagrams; plug-outs %d, plug-ins %d",
 		total, lost, 100*float64(lost)/float64(total), min(lost, overflow), provDrops, vethLost, tapDropped, backlogLost, switchLoss,
 		100*float64(switchLoss)/float64(total), detected, switchTime, maxGap, st.RXPackets, st.Plugouts, st.Plugins)
+	if len(stretches) > 0 {
+		t.Logf("lost stretches (plug-out seen at seq %d, plug-in at %d): %s", seqOut, seqIn, strings.Join(stretches[:min(len(stretches), 20)], "; "))
+	}
 	if st.Plugouts != 1 || st.Plugins != 1 || st.RXPackets == 0 {
 		t.Errorf("fallback counters %+v: want one plug-out, one plug-in and datagrams through the TAP", st)
 	}
