@@ -11,7 +11,13 @@
 // the daemon those queues live in memfds shared with client processes, in
 // tests and benchmarks they are plain memory in this process.
 //
-// The package does not own the XDP program (package bpf), header encoding
+// A ring reaches its NIC through paths, a provider and the steering that
+// feeds it, opened by name (RegisterProvider): the fast path (afxdp, or
+// verbs) and, with a fallback (Config.Fallback), a TAP path it switches its
+// flows to while the fast path is lost.
+//
+// The package does not own the XDP program (package bpf), the TAP devices
+// and tc filters of the fallback path (package tap), header encoding
 // (ring/packet), fragment reassembly (ring/reassembly), next-hop lookup
 // (ring/route) or client sessions (package daemon).
 package ring
