@@ -136,6 +136,7 @@ type engine struct {
 	hwRate    qp.RateLimiter
 	hwNext    int
 	hwFree    []int
+	hwRefused bool
 	// paceSpin is the adaptive spin margin; paceWake when a sleep
 	// shortened for a departure is meant to end (0: it was not).
 	paceSpin time.Duration

@@ -173,13 +173,21 @@ func (e *engine) setHardwareRate(ep *Endpoint, r pacing.Rate) bool {
 		}
 	}
 	err := e.hwRate.SetRateLimit(ps.hwQueue, qp.RateLimit{Kbps: r.Kbps, MaxBurst: r.MaxBurst, TypicalBytes: r.TypicalBytes})
-	if err != nil {
-		e.r.log.Warn("hardware rate limit refused; pacing in software", zap.Stringer("local", ep.local), zap.Stringer("rate", r), zap.Error(err))
-		e.hwFree = append(e.hwFree, ps.hwQueue)
-		ps.hwQueue = 0
-		return false
+	if err == nil {
+		return true
 	}
-	return true
+	// Warn once per ring: a device without pacing refuses every socket.
+	log := e.r.log.Debug
+	if !e.hwRefused {
+		e.hwRefused, log = true, e.r.log.Warn
+	}
+	log("hardware rate limit refused; pacing in software", zap.Stringer("local", ep.local), zap.Stringer("rate", r), zap.Error(err))
+	// The queue may still carry an earlier rate: clear it before it is
+	// given out again.
+	_ = e.hwRate.SetRateLimit(ps.hwQueue, qp.RateLimit{})
+	e.hwFree = append(e.hwFree, ps.hwQueue)
+	ps.hwQueue = 0
+	return false
 }
 
 // paceForget drops ep's pacing state (unpaced, or gone from the table).
