@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring/qp"
 	taprov "github.com/bypassd/bypassd/ring/tap"
 	"github.com/bypassd/bypassd/tap"
@@ -61,11 +62,14 @@ func ParseFallback(s string) (Fallback, error) {
 	return 0, fmt.Errorf("fallback %q: use none, auto or tap", s)
 }
 
-// Timing of the fallback watcher. The health check is one bpf(2) or
-// netlink call; every millisecond keeps the switch well under the 10 ms the
-// design targets without measurable load.
+// Timing of the fallback watcher. It sleeps in poll(2) on the standby TAP's
+// descriptor: with the TAP's filters installed, the first frame of an
+// offloaded flow that XDP no longer takes lands there and wakes it at once,
+// so losing the fast path under traffic is noticed within microseconds and
+// an idle ring costs nothing. checkEvery is its safety net (is the NIC still
+// there, is the fast path healthy) when nothing happens.
 const (
-	healthEvery = time.Millisecond
+	checkEvery = time.Second
 	// restoreDelay is how long the ring stays on the TAP path before it
 	// tries to open the fast path again, and the first retry interval
 	// (doubling up to restoreMaxDelay while it fails).
@@ -109,7 +113,10 @@ type fallbackState struct {
 	fp      *fallbackProvider
 	pc      PathConfig
 	name    string // the fast path's provider name
-	done    chan struct{}
+	// wake interrupts the watcher's poll (the engine's fast path failed,
+	// or the ring closes); done is closed when the watcher returned.
+	wake *shmq.Waiter
+	done chan struct{}
 }
 
 // openPaths opens the ring's paths for cfg's provider and fallback, and
@@ -158,18 +165,31 @@ func (r *Ring) openPaths(pc PathConfig) (err error) {
 			return fmt.Errorf("TAP path: %w", err)
 		}
 	}
+	if fs.wake, err = shmq.NewWaiter(); err != nil {
+		return fmt.Errorf("path watcher: %w", err)
+	}
 	fs.fp = newFallbackProvider(prim, p.prov, r)
 	r.prov = fs.fp
 	return nil
 }
 
-// startWatch starts the health watcher of a ring with a TAP path.
+// startWatch starts the path watcher of a ring with a TAP path.
 func (r *Ring) startWatch() {
 	if r.fb.fp == nil {
 		return
 	}
 	r.fb.done = make(chan struct{})
 	go r.watch()
+}
+
+// stopWatch ends the watcher (the ring's context is cancelled already) and
+// waits for it.
+func (r *Ring) stopWatch() {
+	if r.fb.done == nil {
+		return
+	}
+	_ = r.fb.wake.Wake()
+	<-r.fb.done
 }
 
 // closePaths closes both paths (after the engine and the watcher stopped).
@@ -181,6 +201,9 @@ func (r *Ring) closePaths() error {
 	if r.fb.standby != nil {
 		errs = append(errs, r.fb.standby.close())
 		r.fb.standby = nil
+	}
+	if r.fb.wake != nil {
+		errs = append(errs, r.fb.wake.Close())
 	}
 	return errors.Join(errs...)
 }
@@ -230,57 +253,64 @@ func (r *Ring) FallbackStats() FallbackStats {
 func (r *Ring) watch() {
 	defer close(r.fb.done)
 	fs, fp := &r.fb, r.fb.fp
-	tick := time.NewTicker(healthEvery)
-	defer tick.Stop()
 	retry := restoreDelay
 	lost := fp.wantTAP.Load() // the fast path did not even open
 	var lostAt time.Time
-	var ticks int
-	for {
-		select {
-		case <-r.ctx.Done():
+	var pfd [2]unix.PollFd
+	for r.ctx.Err() == nil {
+		timeout := checkEvery
+		pfd[0] = unix.PollFd{Fd: int32(fs.wake.FD()), Events: unix.POLLIN}
+		fds := pfd[:1]
+		switch {
+		case fs.mode == FallbackTAP:
+			// Nothing to restore: only the NIC vanishing matters.
+		case lost:
+			timeout = min(max(retry-time.Since(lostAt), 0), checkEvery)
+		default:
+			pfd[1] = unix.PollFd{Fd: int32(fs.tapDev.FD()), Events: unix.POLLIN}
+			fds = pfd[:2]
+		}
+		if _, err := unix.Poll(fds, int(timeout/time.Millisecond)); err != nil && err != unix.EINTR {
+			r.log.Warn("path watcher: poll failed", zap.Error(err))
+			time.Sleep(10 * time.Millisecond)
+		}
+		if pfd[0].Revents&unix.POLLIN != 0 {
+			drainEventfd(fs.wake.FD())
+		}
+		if r.ctx.Err() != nil || r.nicGone() {
 			return
-		case <-tick.C:
 		}
-		if ticks++; fs.mode == FallbackTAP {
-			// Nothing to restore: only notice the NIC vanishing.
-			if ticks%100 == 0 && r.nicGone() {
-				return
-			}
-			continue
-		}
-		if !lost {
+		switch {
+		case fs.mode == FallbackTAP:
+			// Nothing to restore: only the NIC vanishing matters.
+		case !lost:
 			var why error
 			if p := fp.primErr.Load(); p != nil {
 				why = *p
-			} else {
-				if prim := fs.prim.Load(); prim != nil {
-					why = prim.steer.Healthy()
-				}
+			} else if prim := fs.prim.Load(); prim != nil {
+				why = prim.steer.Healthy()
 			}
-			if why == nil {
+			if why != nil {
+				r.plugOut(why)
+				lost, lostAt, retry = true, time.Now(), restoreDelay
+			} else if len(fds) > 1 && pfd[1].Revents&unix.POLLIN != 0 {
+				// A flow's frame reached the TAP although the fast path
+				// is fine (XDP had no socket for it a moment): the engine
+				// delivers it, and the watcher lets it do so before
+				// polling the TAP again.
+				fp.drainReq.Store(true)
+				_ = r.doorbell.Wake()
+				time.Sleep(time.Millisecond)
+			}
+		case time.Since(lostAt) >= retry:
+			if err := r.restore(); err != nil {
+				r.log.Debug("fast path not restored yet", zap.Error(err), zap.Duration("retry_in", retry))
+				lostAt = time.Now()
+				retry = min(2*retry, restoreMaxDelay)
 				continue
 			}
-			if r.nicGone() {
-				return
-			}
-			r.plugOut(why)
-			lost, lostAt, retry = true, time.Now(), restoreDelay
-			continue
+			lost = false
 		}
-		if ticks%100 == 0 && r.nicGone() {
-			return
-		}
-		if time.Since(lostAt) < retry {
-			continue
-		}
-		if err := r.restore(); err != nil {
-			r.log.Debug("fast path not restored yet", zap.Error(err), zap.Duration("retry_in", retry))
-			lostAt = time.Now()
-			retry = min(2*retry, restoreMaxDelay)
-			continue
-		}
-		lost = false
 	}
 }
 
@@ -400,9 +430,11 @@ type fallbackProvider struct {
 	// Set by the watcher (or the engine on a provider error), applied by
 	// the engine.
 	wantTAP atomic.Bool
-	newPrim atomic.Pointer[path]
-	dropReq atomic.Bool
-	dropped chan struct{}
+	// drainReq asks for a drain window on the TAP while on the fast path.
+	drainReq atomic.Bool
+	newPrim  atomic.Pointer[path]
+	dropReq  atomic.Bool
+	dropped  chan struct{}
 	// primErr is why the fast path's provider failed; fatal, set by the
 	// watcher, stops the engine (the interface is gone).
 	primErr, fatal atomic.Pointer[error]
@@ -445,6 +477,9 @@ func (fp *fallbackProvider) releasePrim() bool {
 
 // apply carries out what the watcher asked for. Engine thread.
 func (fp *fallbackProvider) apply() {
+	if fp.drainReq.Load() && fp.drainReq.Swap(false) {
+		fp.drainUntil = time.Now().Add(drainWindow)
+	}
 	if fp.dropReq.Load() && fp.txOut == 0 && fp.rxOut == 0 && !fp.onPrim {
 		fp.dropReq.Store(false)
 		fp.prim = nil
@@ -484,6 +519,7 @@ func (fp *fallbackProvider) fail(err error) error {
 	}
 	fp.wantTAP.Store(true)
 	fp.apply()
+	_ = fp.r.fb.wake.Wake() // the watcher logs it and arms the TAP path
 	return nil
 }
 

@@ -362,9 +362,7 @@ func (r *Ring) Close() error {
 		<-r.hw.done
 		errs = append(errs, r.hw.close())
 	}
-	if r.fb.done != nil {
-		<-r.fb.done
-	}
+	r.stopWatch()
 	errs = append(errs, r.closePaths())
 	errs = append(errs, r.res.Close())
 	errs = append(errs, r.doorbell.Close())
