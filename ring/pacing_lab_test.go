@@ -3,10 +3,12 @@ package ring_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"net"
 	"net/netip"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,12 +36,13 @@ func isTimeout(err error) bool {
 }
 
 // pacingWindows checks a paced stream's 1-second windows: within ±1% of
-// want, and no stretch of arrivals in a window beyond the burst allowance
-// (plus one datagram: a pass decides departures a few microseconds before
-// the frames leave). Windows in which the engine reported a departure
-// later than its burst allowance covers (late moved: the machine did not
-// run the engine in time) are logged, not judged. It returns the accuracy
-// and how many windows were judged.
+// want, and, with bursts, no stretch of arrivals beyond the burst
+// allowance (plus one datagram: a pass decides departures a few
+// microseconds before the frames leave). A window that misses while the
+// engine reported a departure later than its burst allowance covers (late
+// moved: the machine did not run the engine in time) is excused and
+// logged, not failed. It returns the accuracy and how many windows were
+// judged (not excused).
 func pacingWindows(t *testing.T, name string, arr []arrivals.Arrival, start int64, n int, rate pacing.Rate, size int, late *arrivals.Sampler, bursts bool) (arrivals.Accuracy, int) {
 	t.Helper()
 	want := float64(rate.Kbps) * 1000
@@ -47,14 +50,6 @@ func pacingWindows(t *testing.T, name string, arr []arrivals.Arrival, start int6
 	judged := 0
 	for i, e := range acc.Errors {
 		from, to := start+int64(i)*int64(time.Second), start+int64(i+1)*int64(time.Second)
-		if late.Moved(from, to) {
-			t.Logf("%s: window %d: %+.3f%%, not judged: the engine was late beyond its burst allowance (CPU starvation)", name, i, 100*e)
-			continue
-		}
-		judged++
-		if math.Abs(e) > 0.01 {
-			t.Errorf("%s: window %d: %.3f Mbit/s (%+.2f%%), want %v ±1%%", name, i, acc.Rates[i]/1e6, 100*e, rate)
-		}
 		var in []arrivals.Arrival
 		for _, a := range arr {
 			if a.T >= from && a.T < to {
@@ -62,14 +57,25 @@ func pacingWindows(t *testing.T, name string, arr []arrivals.Arrival, start int6
 			}
 		}
 		excess := arrivals.MaxExcess(in, arrivals.WireOverhead4, want)
-		if limit := float64(rate.Burst()) + float64(size+arrivals.WireOverhead4); excess > limit && bursts {
-			t.Errorf("%s: window %d: a burst of %.0f bytes beyond the rate; allowance %d", name, i, excess, rate.Burst())
+		limit := float64(rate.Burst()) + float64(size+arrivals.WireOverhead4)
+		var miss []string
+		if math.Abs(e) > 0.01 {
+			miss = append(miss, fmt.Sprintf("%.3f Mbit/s (%+.2f%%), want %v ±1%%", acc.Rates[i]/1e6, 100*e, rate))
+		}
+		if excess > limit && bursts {
+			miss = append(miss, fmt.Sprintf("a burst of %.0f bytes beyond the rate, allowance %d", excess, rate.Burst()))
 		} else if excess > limit {
 			t.Logf("%s: window %d: a burst of %.0f bytes at the receiver; allowance %d (not judged on this path)", name, i, excess, rate.Burst())
 		}
-	}
-	if judged < 2 {
-		t.Logf("%s: only %d of %d windows had an engine that kept time", name, judged, n)
+		switch {
+		case len(miss) == 0:
+			judged++
+		case late.Moved(from, to):
+			t.Logf("%s: window %d: %s; excused: the engine was late beyond its burst allowance (CPU starvation)", name, i, strings.Join(miss, "; "))
+		default:
+			judged++
+			t.Errorf("%s: window %d: %s", name, i, strings.Join(miss, "; "))
+		}
 	}
 	return acc, judged
 }
@@ -136,12 +142,16 @@ func TestPacingAccuracy(t *testing.T) {
 	for uprec.Count() < 2000 && time.Since(sentAt) < 5*time.Second {
 		time.Sleep(time.Millisecond)
 	}
-	if upArr, _ := uprec.Stop(); len(upArr) < 2000 || time.Duration(upArr[len(upArr)-1].T-sentAt.UnixNano()) > time.Second {
-		t.Errorf("unpaced: %d of 2000 datagrams arrived within 5 s, the last %v after the first send; paced traffic held them back",
+	upArr, _ := uprec.Stop()
+	if len(upArr) < 2000 || time.Duration(upArr[len(upArr)-1].T-sentAt.UnixNano()) > time.Second {
+		t.Fatalf("unpaced: %d of 2000 datagrams arrived within 5 s, the last %v after the first send; paced traffic held them back",
 			len(upArr), time.Duration(upArr[len(upArr)-1].T-sentAt.UnixNano()))
 	}
+	// The windows start once the unpaced burst is through: it shared the
+	// TX ring with the paced flows, as on a NIC queue.
+	start := upArr[len(upArr)-1].T + int64(100*time.Millisecond)
 
-	time.Sleep(windows*time.Second + 100*time.Millisecond - time.Since(sentAt))
+	time.Sleep(time.Duration(start-time.Now().UnixNano()) + windows*time.Second + 100*time.Millisecond)
 	cancel()
 	wg.Wait()
 	late.Stop()
@@ -157,8 +167,7 @@ func TestPacingAccuracy(t *testing.T) {
 		if err != nil || len(arr) == 0 {
 			t.Fatalf("%v: %d datagrams arrived: %v", f.rate, len(arr), err)
 		}
-		// From 200 ms after the first arrival: past the initial burst.
-		acc, n := pacingWindows(t, f.rate.String(), arr, arr[0].T+int64(200*time.Millisecond), windows, f.rate, size, late, true)
+		acc, n := pacingWindows(t, f.rate.String(), arr, start, windows, f.rate, size, late, true)
 		judged += n
 		j := arrivals.GapJitter(arr[len(arr)/10:], arrivals.WireOverhead4, float64(f.rate.Kbps)*1000)
 		t.Logf("%v: rate error mean %.3f%% worst %+.3f%%, gap jitter p50 %v p99 %v max %v",
@@ -169,10 +178,10 @@ func TestPacingAccuracy(t *testing.T) {
 	if st.TXPaced.Load() == 0 || st.PacedQueues.Load() != uint64(len(flows)) {
 		t.Errorf("ring counters: %d paced datagrams, %d paced queues", st.TXPaced.Load(), st.PacedQueues.Load())
 	}
-	if judged < len(flows) {
+	if judged == 0 {
 		// Not a failure of the pacer: the machine did not run its engine
 		// in time, and the engine said so (TXPaceLate).
-		t.Skipf("only %d of %d windows could be judged: the machine starved the engine (see the log)", judged, windows*len(flows))
+		t.Skipf("no window could be judged: the machine starved the engine (see the log)")
 	}
 }
 
@@ -223,8 +232,10 @@ func TestPacingHundredFlows(t *testing.T) {
 	// One window of 4 s per flow, from 500 ms after the first arrival:
 	// at 1 Mbit/s a window holds 350 datagrams, so ±2% is ±7.
 	start := all[0].T + int64(500*time.Millisecond)
+	// Misses are excused when the engine was late beyond a burst
+	// allowance during the window (the machine starved it).
 	starved := late.Moved(start, start+int64(measured))
-	worst := 0.0
+	worst, missed := 0.0, 0
 	for i, ep := range eps {
 		arr := arrivals.From(all, ep.LocalAddr())
 		want := float64(rates[i].Kbps) * 1000
@@ -232,14 +243,18 @@ func TestPacingHundredFlows(t *testing.T) {
 		if math.Abs(acc.Worst) > math.Abs(worst) {
 			worst = acc.Worst
 		}
-		if math.Abs(acc.Worst) > 0.02 && !starved {
+		if math.Abs(acc.Worst) <= 0.02 {
+			continue
+		}
+		missed++
+		if !starved {
 			t.Errorf("flow %d at %v: %.3f Mbit/s (%+.2f%%), want ±2%%", i, rates[i], acc.Rates[0]/1e6, 100*acc.Worst)
 		}
 	}
 	t.Logf("100 flows, 1..20 Mbit/s: worst flow %+.3f%% over %v", 100*worst, measured)
-	if starved {
-		t.Skipf("the engine was late beyond the burst allowance during the window (%d late departures): the machine starved it; errors logged, not judged",
-			l.r.Stats().TXPaceLate.Load())
+	if missed > 0 && starved {
+		t.Skipf("%d flows outside ±2%% while the engine was late beyond its burst allowance (%d late departures): the machine starved it",
+			missed, l.r.Stats().TXPaceLate.Load())
 	}
 }
 
