@@ -140,13 +140,6 @@ func (s *Steering) SetActive(on bool) error {
 	return nil
 }
 
-// Active reports whether the steering is active (see SetActive).
-func (s *Steering) Active() bool {
-	ifaces.Lock()
-	defer ifaces.Unlock()
-	return s.active
-}
-
 // dropEmpty removes an address table without flows and a classifier
 // without addresses (after a failed add).
 func (ifc *iface) dropEmpty(fam *family, at *addrTable) {
