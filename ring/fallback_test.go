@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/internal/dgram"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/ring"
@@ -264,4 +265,72 @@ func backlogDrops(t *testing.T) uint64 {
 		n += v
 	}
 	return n
+}
+
+// TestFastPathUnavailableAtStart: another owner's XDP program holds the
+// interface, so an auto-fallback ring starts on its TAP path and serves its
+// sockets there; once the interface is free again the ring opens its fast
+// path by itself and moves the flows back.
+func TestFastPathUnavailableAtStart(t *testing.T) {
+	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
+	var blocker *bpf.Program
+	var r *ring.Ring
+	err := p.A.NS.Do(func() error {
+		var err error
+		if blocker, err = bpf.Attach(p.A.Index, bpf.Options{}); err != nil {
+			return err
+		}
+		r, err = ring.Open(ring.Config{Interface: p.A.Name, Fallback: ring.FallbackAuto})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("open a ring next to another XDP program: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := r.Close(); err != nil {
+			t.Errorf("close ring: %v", err)
+		}
+		_ = blocker.Close()
+	})
+	if st := r.FallbackStats(); !st.OnTAP || st.Plugouts != 0 || r.Program() != nil || r.Caps().Provider != "tap" {
+		t.Fatalf("started with the interface's XDP taken: %+v, provider %q; want the TAP path", st, r.Caps().Provider)
+	}
+	ep, err := r.BindUDP(netip.AddrPortFrom(p.A.Addr4(), 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	peer := p.B.NS.ListenUDP(t, netip.AddrPortFrom(p.B.Addr4(), 0))
+	echo := func(what string) {
+		t.Helper()
+		if _, err := peer.WriteToUDPAddrPort([]byte(what), ep.LocalAddr()); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64)
+		n, _, err := ep.Recv(buf, time.Now().Add(5*time.Second))
+		if err != nil || string(buf[:n]) != what {
+			t.Fatalf("%s: received %q, %v", what, buf[:n], err)
+		}
+	}
+	echo("on the TAP")
+	if err := blocker.Close(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for r.FallbackStats().OnTAP {
+		if time.Now().After(deadline) {
+			t.Fatalf("fast path not restored 10 s after the interface was freed: %+v", r.FallbackStats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := r.FallbackStats(); st.Plugins != 1 || r.Caps().Provider != ring.DefaultProvider {
+		t.Fatalf("after the restore: %+v, provider %q", st, r.Caps().Provider)
+	}
+	if attached, err := r.Program().Attached(); err != nil || !attached {
+		t.Fatalf("restored fast path's program attached %v, %v", attached, err)
+	}
+	echo("on the fast path")
+	if c, err := r.Program().Counters(); err != nil || c.Redirected == 0 {
+		t.Errorf("XDP program counters %+v, %v: the datagram did not take the fast path", c, err)
+	}
 }
