@@ -100,7 +100,7 @@ func (d *Daemon) metricsSnapshot() *stats.Metrics {
 		code := ctlproto.Code(i)
 		name := "unknown"
 		if i > 0 {
-			if !code.Known() || code == ctlproto.CodeShutdown {
+			if !code.Known() || code == ctlproto.CodeShutdown || code == ctlproto.CodeSocketError {
 				continue
 			}
 			name = code.String()

@@ -171,7 +171,7 @@ func errnoOf(err error) unix.Errno {
 // handle serves one well-formed message and reports whether the session
 // goes on.
 func (s *session) handle(h ctlproto.Header, msg ctlproto.Message) bool {
-	if h.Code.IsReply() || h.Code == ctlproto.CodeShutdown {
+	if h.Code.IsReply() || h.Code == ctlproto.CodeShutdown || h.Code == ctlproto.CodeSocketError {
 		// Well-formed, but a client only sends requests.
 		return s.refused(h, fmt.Errorf("%w: a client sends requests only, not %v", ctlproto.ErrMalformed, h.Code))
 	}

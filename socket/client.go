@@ -500,8 +500,9 @@ func (c *Client) closeSocket(u *UDPConn) error {
 	delete(c.socks, u)
 	dead := c.err != nil
 	c.mu.Unlock()
-	if dead {
-		return nil
+	var sd *socketDeadError
+	if p := u.gone.Load(); dead || (p != nil && errors.As(*p, &sd)) {
+		return nil // the daemon released it already
 	}
 	_, _, fds, err := c.call(ctlproto.CodeClose, u.id, ctlproto.Empty{})
 	closeFDs(fds)
@@ -653,6 +654,11 @@ func (c *Client) readLoop() {
 			c.fail(&goneError{detail: detail})
 			// Keep reading: the daemon closes the connection next, and
 			// replies already sent are still delivered as failures.
+		case h.Code == ctlproto.CodeSocketError:
+			closeFDs(fds)
+			if m, ok := body.(*ctlproto.SocketError); ok {
+				c.socketDead(h.Socket, unix.Errno(m.Errno))
+			}
 		case !h.Code.IsReply():
 			closeFDs(fds) // the daemon sends no other requests
 		default:
@@ -683,6 +689,23 @@ func (c *Client) deliver(h ctlproto.Header, r reply) {
 	closeFDs(r.fds)
 	if r.err == nil && h.Code == ctlproto.CodeOpen|ctlproto.ReplyBit && h.Status == 0 && h.Socket != 0 {
 		c.discard(h.Socket)
+	}
+}
+
+// socketDead breaks the socket the daemon declared dead (SOCKET_ERROR): it
+// released the socket already, the session goes on.
+func (c *Client) socketDead(id uint32, errno unix.Errno) {
+	c.mu.Lock()
+	var dead *UDPConn
+	for u := range c.socks {
+		if u.id == id {
+			dead = u
+			break
+		}
+	}
+	c.mu.Unlock()
+	if dead != nil {
+		dead.breakWith(&socketDeadError{errno: errno})
 	}
 }
 

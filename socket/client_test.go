@@ -502,6 +502,63 @@ func TestShutdownBreaksSockets(t *testing.T) {
 	}
 }
 
+// TestSocketErrorBreaksOneSocket: SOCKET_ERROR (the daemon dropped a
+// socket whose interface vanished) fails that socket's calls, also a
+// blocked Read, with an error matching ENETDOWN and net.ErrClosed that says
+// what to do; other sockets and the session go on, and closing the dead
+// socket asks the daemon nothing.
+func TestSocketErrorBreaksOneSocket(t *testing.T) {
+	d := newFakeDaemon(t)
+	c := d.dial(t)
+	dead, err := c.DialUDP("udp4", local4, remote4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alive, err := c.DialUDP("udp4", local4, remote4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alive.Close()
+	got := make(chan error, 1)
+	go func() {
+		_, err := dead.Read(make([]byte, 100))
+		got <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // let the read block
+	d.session(0).send(ctlproto.Header{Code: ctlproto.CodeSocketError, Socket: dead.id}, ctlproto.SocketError{Errno: uint32(unix.ENETDOWN)})
+	var rerr error
+	select {
+	case rerr = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("blocked Read did not return after SOCKET_ERROR")
+	}
+	if !errors.Is(rerr, unix.ENETDOWN) || !errors.Is(rerr, net.ErrClosed) || !strings.Contains(rerr.Error(), "interface went away") {
+		t.Errorf("Read error %q should match ENETDOWN and net.ErrClosed and say the interface went away", rerr)
+	}
+	if _, err := dead.Write([]byte("x")); !errors.Is(err, unix.ENETDOWN) {
+		t.Errorf("Write on the dropped socket: %v", err)
+	}
+	// The other socket and the session are fine.
+	if _, err := alive.Write([]byte("still here")); err != nil {
+		t.Fatalf("Write on another socket: %v", err)
+	}
+	buf := make([]byte, 100)
+	_ = alive.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := alive.Read(buf); err != nil || string(buf[:n]) != "still here" {
+		t.Fatalf("Read on another socket: %q, %v", buf[:n], err)
+	}
+	closes := d.closes.Load()
+	if err := dead.Close(); err != nil {
+		t.Errorf("Close of the dropped socket: %v", err)
+	}
+	if d.closes.Load() != closes {
+		t.Error("closing a dropped socket sent CLOSE to the daemon")
+	}
+	if _, err := c.ListenUDP("udp4", local4); err != nil {
+		t.Errorf("a new socket after SOCKET_ERROR: %v", err)
+	}
+}
+
 func TestRequestTimeout(t *testing.T) {
 	d := newFakeDaemon(t)
 	var mu sync.Mutex

@@ -30,6 +30,22 @@ func (e *goneError) Is(target error) bool {
 	return target == ErrDaemonGone || target == net.ErrClosed
 }
 
+// socketDeadError is why a socket the daemon declared dead (SOCKET_ERROR)
+// fails: its errno (ENETDOWN when its interface vanished) and what to do.
+// It also matches net.ErrClosed, as the socket is unusable for good.
+type socketDeadError struct{ errno unix.Errno }
+
+func (e *socketDeadError) Error() string {
+	if e.errno == unix.ENETDOWN {
+		return "bypassd dropped the socket: its interface went away (" + e.errno.Error() + "); open a new socket once the interface is back"
+	}
+	return "bypassd dropped the socket (" + e.errno.Error() + "); open a new one"
+}
+
+func (e *socketDeadError) Unwrap() error { return e.errno }
+
+func (e *socketDeadError) Is(target error) bool { return target == net.ErrClosed }
+
 // DaemonError is a request the daemon refused: Errno is the status of its
 // reply. errors.Is(err, unix.EADDRINUSE) and the like work through Unwrap.
 type DaemonError struct {

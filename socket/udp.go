@@ -593,7 +593,7 @@ func (u *UDPConn) teardown() {
 	_ = u.doorbell.Close()
 }
 
-// breakWith marks the socket unusable because the daemon is gone.
+// breakWith marks the socket unusable: the daemon is gone, or dropped it.
 func (u *UDPConn) breakWith(reason error) {
 	u.gone.CompareAndSwap(nil, &reason)
 	u.q.Break(reason)

@@ -97,7 +97,10 @@ const (
 	// (bypassctl); the reply carries the document in a sealed memfd.
 	CodeQuery    Code = 12
 	CodeShutdown Code = 16
-	ReplyBit     Code = 0x8000
+	// CodeSocketError tells a client that one of its sockets is dead (its
+	// interface vanished); the daemon has released it already.
+	CodeSocketError Code = 17
+	ReplyBit        Code = 0x8000
 )
 
 var codeNames = map[Code]string{
@@ -114,6 +117,7 @@ var codeNames = map[Code]string{
 	CodeZeroStats:   "ZERO_STATS",
 	CodeQuery:       "QUERY",
 	CodeShutdown:    "SHUTDOWN",
+	CodeSocketError: "SOCKET_ERROR",
 }
 
 // String returns the code's name ("BIND", "BIND-REPLY", "Code(0x63)").
@@ -250,6 +254,14 @@ type Shutdown struct {
 	Reason uint32
 }
 
+// SocketError is the SOCKET_ERROR body (daemon → client, unsolicited): the
+// socket in the header is dead, for the reason Errno gives (ENETDOWN: its
+// interface vanished). The daemon released it; every call on it fails, and
+// the client should CLOSE it and open a new one.
+type SocketError struct {
+	Errno uint32
+}
+
 // LogLevel is the SET_LOG_LEVEL request body (the level to set) and its
 // reply body (the level before). Levels are zap's: -1 debug, 0 info,
 // 1 warn, 2 error.
@@ -299,6 +311,7 @@ func (GetSockOpt) isMessage()   {}
 func (SockOptValue) isMessage() {}
 func (Group) isMessage()        {}
 func (Shutdown) isMessage()     {}
+func (SocketError) isMessage()  {}
 func (LogLevel) isMessage()     {}
 func (ZeroStats) isMessage()    {}
 func (Query) isMessage()        {}
@@ -317,6 +330,7 @@ const (
 	lenSockOptValue = 68
 	lenGroup        = 36
 	lenShutdown     = 4
+	lenSocketError  = 4
 	lenLogLevel     = 4
 	lenZeroStats    = 8
 	lenQuery        = TopicMax
@@ -397,7 +411,7 @@ func checkHeader(h Header) error {
 	} else if h.Status != 0 {
 		return fmt.Errorf("status %d in a request (must be 0)", uint32(h.Status))
 	}
-	if !h.Code.Known() || h.Code == CodeShutdown|ReplyBit {
+	if !h.Code.Known() || h.Code == CodeShutdown|ReplyBit || h.Code == CodeSocketError|ReplyBit {
 		return ErrUnknownCode
 	}
 	switch h.Code {
@@ -409,6 +423,10 @@ func checkHeader(h Header) error {
 	case CodeOpen | ReplyBit:
 		if h.Socket == 0 {
 			return fmt.Errorf("successful OPEN reply without a socket id")
+		}
+	case CodeSocketError:
+		if h.Socket == 0 {
+			return fmt.Errorf("SOCKET_ERROR without a socket id")
 		}
 	}
 	return nil
@@ -559,6 +577,15 @@ func appendBody(b []byte, h Header, body Message) ([]byte, error) {
 			return b, wrongBody(h, body)
 		}
 		return le.AppendUint32(b, m.Reason), nil
+	case CodeSocketError:
+		m, ok := as[SocketError](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		if m.Errno == 0 || m.Errno > maxErrno {
+			return b, fmt.Errorf("SOCKET_ERROR errno %d: must be 1..%d", m.Errno, maxErrno)
+		}
+		return le.AppendUint32(b, m.Errno), nil
 	case CodeSetLogLevel, CodeSetLogLevel | ReplyBit:
 		m, ok := as[LogLevel](body)
 		if !ok {

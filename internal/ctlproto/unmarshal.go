@@ -76,6 +76,8 @@ func bodyLen(h Header) int {
 		return lenGroup
 	case CodeShutdown:
 		return lenShutdown
+	case CodeSocketError:
+		return lenSocketError
 	case CodeSetLogLevel, CodeSetLogLevel | ReplyBit:
 		return lenLogLevel
 	case CodeZeroStats:
@@ -172,6 +174,12 @@ func decodeBody(h Header, b []byte) (Message, error) {
 		return &Group{Group: g, Source: decodeAddr(b[16:32], true), Ifindex: le.Uint32(b[32:])}, nil
 	case CodeShutdown:
 		return &Shutdown{Reason: le.Uint32(b[0:])}, nil
+	case CodeSocketError:
+		e := le.Uint32(b[0:])
+		if e == 0 || e > maxErrno {
+			return nil, fmt.Errorf("SOCKET_ERROR errno %d: must be 1..%d", e, maxErrno)
+		}
+		return &SocketError{Errno: e}, nil
 	case CodeSetLogLevel, CodeSetLogLevel | ReplyBit:
 		m := &LogLevel{Level: int32(le.Uint32(b[0:]))}
 		return m, checkLogLevel(*m)
