@@ -61,8 +61,9 @@ type clientConfig struct {
 	SendTime bool
 }
 
-// errPacingUnsupported is what --rate-limit gives while bypassd cannot pace.
-var errPacingUnsupported = errors.New("packet pacing is not supported yet by this bypassd")
+// errPacingUnsupported is what --rate-limit gives with a bypassd that
+// cannot pace (EOPNOTSUPP: a version from before packet pacing).
+var errPacingUnsupported = errors.New("this bypassd cannot pace (a version without packet pacing): upgrade bypassd or drop --rate-limit")
 
 // clock is a monotonic nanosecond clock private to the run.
 type clock struct{ epoch time.Time }

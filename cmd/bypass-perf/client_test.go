@@ -207,7 +207,7 @@ func TestRateLimit(t *testing.T) {
 	}}
 	var buf bytes.Buffer
 	err := runClient(context.Background(), cfg, tr, &printer{w: &buf})
-	if !errors.Is(err, errPacingUnsupported) || err.Error() != "packet pacing is not supported yet by this bypassd" {
+	if !errors.Is(err, errPacingUnsupported) || err.Error() != "this bypassd cannot pace (a version without packet pacing): upgrade bypassd or drop --rate-limit" {
 		t.Fatalf("runClient with a daemon that cannot pace: %v", err)
 	}
 	if unsupported.rate != 12500 {
