@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
@@ -58,6 +59,11 @@ type Daemon struct {
 	stopping bool
 	sessWG   sync.WaitGroup
 
+	// netns is the network namespace New ran in, where rings reopen;
+	// recoverWG counts the goroutines waiting for a vanished interface.
+	netns     netns.NsHandle
+	recoverWG sync.WaitGroup
+
 	stopOnce  sync.Once
 	stop      chan struct{} // closed by Close to end Serve
 	served    chan struct{} // closed when Serve returns
@@ -69,12 +75,21 @@ type Daemon struct {
 
 // ringInfo is one open ring and how to name it in logs.
 type ringInfo struct {
-	r   *ring.Ring
+	// r is the ring; with a TAP fallback a new one replaces it when its
+	// interface comes back after vanishing (see ringdown.go).
+	r   atomic.Pointer[ring.Ring]
 	it  Interface
 	log *zap.Logger
 	// rates is the interface's rate table (shared by its rings).
 	rates *pacing.Table
+	// cfg is what the ring was opened with, to open it again.
+	cfg ring.Config
+	// down is why the ring's interface is gone (nil: the ring serves).
+	down atomic.Pointer[error]
 }
+
+// ring returns the ring now serving ri.
+func (ri *ringInfo) ring() *ring.Ring { return ri.r.Load() }
 
 // New validates cfg, prepares the stats directory, creates the control
 // socket, locks the interfaces and opens one ring per configured interface
@@ -89,7 +104,7 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	d := &Daemon{cfg: rc, log: log, sessions: map[*session]struct{}{}, started: time.Now(),
+	d := &Daemon{cfg: rc, log: log, sessions: map[*session]struct{}{}, started: time.Now(), netns: netns.None(),
 		stop: make(chan struct{}), served: make(chan struct{})}
 	d.stats.clients = map[int]*clientStats{}
 	defer func() {
@@ -118,6 +133,9 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 	if d.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
 		return nil, fmt.Errorf("daemon: netlink: %w", err)
 	}
+	if d.netns, err = netns.Get(); err != nil {
+		return nil, fmt.Errorf("daemon: open the network namespace: %w", err)
+	}
 	hwts, err := hwTimestampMode(rc.Interfaces, *rc.HWTSConversion, log)
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
@@ -133,7 +151,7 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 	}
 	for _, it := range rc.Interfaces {
 		rlog := log.With(zap.String("iface", it.Name), zap.Int("queue", it.Queue))
-		r, err := ring.Open(ring.Config{
+		rcfg := ring.Config{
 			Fallback:         fallback,
 			HWTimestamps:     hwts,
 			Interface:        it.Name,
@@ -149,14 +167,17 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 			DevMemTX:         rc.DevMemTX,
 			DevMemInline:     rc.DevMemInline,
 			Log:              rlog,
-		})
+		}
+		r, err := ring.Open(rcfg)
 		if err != nil {
 			if errors.Is(err, unix.EBUSY) {
 				return nil, fmt.Errorf("daemon: open ring %s: %w (another bypassd, or another AF_XDP/XDP user, probably holds it: check `ps -C bypassd` and `bpftool net`)", it, err)
 			}
 			return nil, fmt.Errorf("daemon: open ring %s: %w", it, err)
 		}
-		d.rings = append(d.rings, &ringInfo{r: r, it: it, log: rlog})
+		ri := &ringInfo{it: it, log: rlog, cfg: rcfg}
+		ri.r.Store(r)
+		d.rings = append(d.rings, ri)
 	}
 	d.openRateTables()
 	if err := d.startStats(); err != nil {
@@ -181,7 +202,7 @@ func (d *Daemon) SocketPath() string { return d.cfg.SocketPath }
 func (d *Daemon) Rings() []*ring.Ring {
 	out := make([]*ring.Ring, len(d.rings))
 	for i, ri := range d.rings {
-		out[i] = ri.r
+		out[i] = ri.ring()
 	}
 	return out
 }
@@ -222,18 +243,28 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	go func() { acceptDone <- d.acceptLoop() }()
 	ringFailed := d.watchRings()
 	var err error
-	select {
-	case err = <-ringFailed:
-		// Its clients' sockets can no longer be served: stop, so they
-		// get a clear error now and a supervisor can restart us.
-		d.log.Error("shutting down: a ring stopped", zap.Error(err))
-	case <-ctx.Done():
-		d.log.Info("shutting down: stop requested")
-	case <-d.stop:
-		d.log.Info("shutting down: daemon closed")
-	case err = <-acceptDone:
-		acceptDone = nil
-		d.log.Error("shutting down: cannot accept clients", zap.Error(err))
+	for stop := false; !stop; {
+		stop = true
+		select {
+		case f := <-ringFailed:
+			if d.recoverRing(f, ringFailed) {
+				// Its interface vanished; the TAP fallback waits for it
+				// to come back, and the daemon goes on.
+				stop = false
+				continue
+			}
+			err = f.err
+			// Its clients' sockets can no longer be served: stop, so
+			// they get a clear error now and a supervisor can restart us.
+			d.log.Error("shutting down: a ring stopped", zap.Error(err))
+		case <-ctx.Done():
+			d.log.Info("shutting down: stop requested")
+		case <-d.stop:
+			d.log.Info("shutting down: daemon closed")
+		case err = <-acceptDone:
+			acceptDone = nil
+			d.log.Error("shutting down: cannot accept clients", zap.Error(err))
+		}
 	}
 	d.shutdown()
 	if acceptDone != nil {
@@ -242,19 +273,30 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	return err
 }
 
-// watchRings returns a channel that yields the error of the first ring
-// whose engine stops on its own (a vanished interface, a dead queue).
-func (d *Daemon) watchRings() <-chan error {
-	failed := make(chan error, len(d.rings))
+// ringFailure is a ring whose engine stopped on its own.
+type ringFailure struct {
+	ri  *ringInfo
+	r   *ring.Ring
+	err error
+}
+
+// watchRings returns a channel that yields the rings whose engine stops on
+// its own (a vanished interface, a dead queue).
+func (d *Daemon) watchRings() chan ringFailure {
+	failed := make(chan ringFailure, len(d.rings))
 	for _, ri := range d.rings {
-		go func() {
-			<-ri.r.Done()
-			if err := ri.r.Err(); err != nil {
-				failed <- fmt.Errorf("ring %s: %w", ri.it, err)
-			}
-		}()
+		d.watchRing(ri, ri.ring(), failed)
 	}
 	return failed
+}
+
+func (d *Daemon) watchRing(ri *ringInfo, r *ring.Ring, failed chan<- ringFailure) {
+	go func() {
+		<-r.Done()
+		if err := r.Err(); err != nil {
+			failed <- ringFailure{ri: ri, r: r, err: fmt.Errorf("ring %s: %w", ri.it, err)}
+		}
+	}()
 }
 
 // acceptLoop admits clients until the listener is closed.
@@ -386,8 +428,9 @@ func (d *Daemon) release() error {
 	if err := d.stopStats(); err != nil {
 		errs = append(errs, err)
 	}
+	d.recoverWG.Wait() // stopping is set: they return within a poll
 	for i := len(d.rings) - 1; i >= 0; i-- {
-		if err := d.rings[i].r.Close(); err != nil {
+		if err := d.rings[i].ring().Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close ring %s: %w", d.rings[i].it, err))
 		}
 	}
@@ -395,6 +438,9 @@ func (d *Daemon) release() error {
 	if d.nl != nil {
 		d.nl.Close()
 		d.nl = nil
+	}
+	if d.netns.IsOpen() {
+		_ = d.netns.Close()
 	}
 	for _, l := range d.locks {
 		if err := l.release(); err != nil {

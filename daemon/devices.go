@@ -70,17 +70,17 @@ func (d *Daemon) queryDevices(*session) (any, error) {
 			if ri.it.Name != f.name {
 				continue
 			}
-			caps := ri.r.Caps()
+			caps := ri.ring().Caps()
 			dd.Queues = append(dd.Queues, ri.it.Queue)
-			dd.DevMemGranted += ri.r.DevMemStats().Capacity
+			dd.DevMemGranted += ri.ring().DevMemStats().Capacity
 			if !first {
 				continue
 			}
 			first = false
 			dd.Provider, dd.Mode, dd.ZeroCopy = caps.Provider, caps.Mode, caps.ZeroCopy
 			dd.DeviceMemory = caps.DeviceMemory
-			dd.HWTimestamps = ri.r.HWTimestampMode().String()
-			if p := ri.r.Program(); p != nil {
+			dd.HWTimestamps = ri.ring().HWTimestampMode().String()
+			if p := ri.ring().Program(); p != nil {
 				dd.XDPMode = p.Mode().String()
 			}
 			if rl := caps.RateLimit; rl != nil {

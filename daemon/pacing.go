@@ -28,7 +28,7 @@ func (d *Daemon) openRateTables() {
 		if t == nil {
 			tc := d.cfg.Pacing
 			tc.Device = ri.it.Name
-			if hw := ri.r.Caps().RateLimit; hw != nil {
+			if hw := ri.ring().Caps().RateLimit; hw != nil {
 				tc.MinKbps, tc.MaxKbps = hw.MinKbps, hw.MaxKbps
 			}
 			t = pacing.NewTable(tc)
@@ -168,7 +168,7 @@ func (d *Daemon) queryRates(*session) (any, error) {
 // pacingCounters fills a ring block's pacing counters: the ring's own and
 // its interface's rate table (the same on every ring of the interface).
 func (ri *ringInfo) pacingCounters(c *stats.RingCounters) {
-	rs := ri.r.Stats()
+	rs := ri.ring().Stats()
 	c[stats.RingPacedQueues] = rs.PacedQueues.Load()
 	c[stats.RingTXPaced] = rs.TXPaced.Load()
 	c[stats.RingTXPaceWaits] = rs.TXPaceWaits.Load()

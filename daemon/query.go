@@ -60,7 +60,7 @@ func (d *Daemon) queryTopicList(*session) (any, error) {
 func (d *Daemon) queryRings(*session) (any, error) {
 	doc := ctlproto.RingsDoc{Rings: []ctlproto.RingDoc{}}
 	for i, ri := range d.rings {
-		r := ri.r
+		r := ri.ring()
 		caps := r.Caps()
 		name, queue := r.Interface()
 		rd := ctlproto.RingDoc{
@@ -139,12 +139,12 @@ func (d *Daemon) queryFlows(*session) (any, error) {
 	doc := ctlproto.FlowsDoc{Flows: []ctlproto.FlowDoc{}}
 	var errs []error
 	for _, ri := range d.rings {
-		flows, err := ri.r.Flows()
+		flows, err := ri.ring().Flows()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", ri.it, err))
 			continue
 		}
-		name, queue := ri.r.Interface()
+		name, queue := ri.ring().Interface()
 		for _, f := range flows {
 			fd := ctlproto.FlowDoc{Interface: name, Proto: "udp", Dst: f.Dst.String(), Queue: uint32(queue)}
 			if f.Proto != unix.IPPROTO_UDP {

@@ -17,7 +17,7 @@ func (d *Daemon) hasFamily(ri *ringInfo, v4 bool) (bool, error) {
 	}
 	d.nlMu.Lock()
 	defer d.nlMu.Unlock()
-	link, err := d.nl.LinkByIndex(ri.r.Ifindex())
+	link, err := d.nl.LinkByIndex(ri.ring().Ifindex())
 	if err != nil {
 		return false, fmt.Errorf("interface %s: %w", ri.it.Name, err)
 	}
@@ -70,7 +70,7 @@ func (d *Daemon) chooseRing(home *ringInfo, addr netip.Addr) (*ringInfo, error) 
 		}
 		return sameRing(home, found[0], addr)
 	}
-	if ok, err := home.r.Owns(addr); err != nil {
+	if ok, err := home.ring().Owns(addr); err != nil {
 		return nil, fmt.Errorf("bind %v: %w", addr, err)
 	} else if ok {
 		return home, nil
@@ -79,7 +79,7 @@ func (d *Daemon) chooseRing(home *ringInfo, addr netip.Addr) (*ringInfo, error) 
 		if ri == home {
 			continue
 		}
-		ok, err := ri.r.Owns(addr)
+		ok, err := ri.ring().Owns(addr)
 		if err != nil {
 			return nil, fmt.Errorf("bind %v: %w", addr, err)
 		}

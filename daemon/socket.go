@@ -164,8 +164,12 @@ func (s *session) onOpen(h ctlproto.Header, m *ctlproto.Open) bool {
 		return s.fail(h, fmt.Errorf("client uses %d bytes of queue memory; %d more exceed the per-client limit of %d: %w",
 			s.queueMem, size, cfg.MaxQueueMemory, unix.ENOMEM))
 	}
+	home := s.d.homeRing(m.Family)
+	if err := home.downErr(); err != nil {
+		return s.fail(h, err)
+	}
 	id := s.newSocketID()
-	k, memfd, err := newSocket(id, m.Family, qb, s.d.homeRing(m.Family))
+	k, memfd, err := newSocket(id, m.Family, qb, home)
 	if err != nil {
 		return s.fail(h, err)
 	}
@@ -175,7 +179,7 @@ func (s *session) onOpen(h ctlproto.Header, m *ctlproto.Open) bool {
 	fds[ctlproto.FDMemfd] = memfd
 	fds[ctlproto.FDRXWait] = k.rxWait.FD()
 	fds[ctlproto.FDTXWait] = k.txWait.FD()
-	fds[ctlproto.FDDoorbell] = k.home.r.Doorbell().FD()
+	fds[ctlproto.FDDoorbell] = k.home.ring().Doorbell().FD()
 	ok := s.reply(rh, ctlproto.OpenReply{QueueBytes: uint32(qb), MemfdSize: uint64(len(k.mem)),
 		TXOffset: 0, RXOffset: uint64(rxOffset(qb))}, fds[:]...)
 	// The client has its own copy now; the daemon keeps only the mapping.
@@ -266,6 +270,9 @@ func (s *session) bind(k *socket, addr netip.AddrPort, reuse bool) (netip.AddrPo
 	if err != nil {
 		return netip.AddrPort{}, err
 	}
+	if err := ri.downErr(); err != nil {
+		return netip.AddrPort{}, fmt.Errorf("bind %v: %w", addr, err)
+	}
 	rxw, err := dupWaiter(k.rxWait)
 	if err != nil {
 		return netip.AddrPort{}, fmt.Errorf("bind %v: %w", addr, err)
@@ -275,7 +282,7 @@ func (s *session) bind(k *socket, addr netip.AddrPort, reuse bool) (netip.AddrPo
 		_ = rxw.Close()
 		return netip.AddrPort{}, fmt.Errorf("bind %v: %w", addr, err)
 	}
-	ep, err := ri.r.Bind(addr, ring.BindOptions{ReuseAddr: reuse || k.reuseAddr,
+	ep, err := ri.ring().Bind(addr, ring.BindOptions{ReuseAddr: reuse || k.reuseAddr,
 		Queues: &ring.Queues{TX: k.tx, RX: k.rx, RXWait: rxw, TXWait: txw}})
 	if err != nil {
 		// Bind may or may not have closed them; closing twice is harmless.
@@ -343,9 +350,9 @@ func (k *socket) groupRing(group, source netip.Addr, ifindex uint32) error {
 	if source.IsValid() && source.Is4() != group.Is4() {
 		return fmt.Errorf("source %v and group %v are of different families: %w", source, group, unix.EINVAL)
 	}
-	if ifindex != 0 && int(ifindex) != k.home.r.Ifindex() {
+	if ifindex != 0 && int(ifindex) != k.home.ring().Ifindex() {
 		return fmt.Errorf("interface index %d: the socket's ring is %s (index %d); bypassd joins groups on that interface only: %w",
-			ifindex, k.home.it, k.home.r.Ifindex(), unix.ENODEV)
+			ifindex, k.home.it, k.home.ring().Ifindex(), unix.ENODEV)
 	}
 	return nil
 }

@@ -470,7 +470,7 @@ func (d *Daemon) ringBlocks() []stats.Ring {
 	out := make([]stats.Ring, 0, len(d.rings))
 	progs := map[*bpf.Program]bpf.Counters{}
 	for i, ri := range d.rings {
-		r := ri.r
+		r := ri.ring()
 		caps := r.Caps()
 		b := stats.Ring{Index: i, Interface: ri.it.Name, Queue: ri.it.Queue, Ifindex: r.Ifindex(),
 			Provider: caps.Provider, Mode: caps.Mode, RXFrames: caps.RXFrames, TXFrames: caps.TXFrames,

@@ -14,13 +14,14 @@ import (
 	"github.com/bypassd/bypassd/internal/ctlproto"
 )
 
-// TestVanishedInterfaceStopsDaemon: when the accelerated interface
-// disappears, the daemon cannot serve its sockets any more; it says so,
-// tells its clients (SHUTDOWN, then EOF) and Serve returns the ring's error,
-// so that a supervisor restarts it, instead of leaving clients waiting.
+// TestVanishedInterfaceStopsDaemon: without a fallback, when the
+// accelerated interface disappears, the daemon cannot serve its sockets any
+// more; it says so, tells its clients (SHUTDOWN, then EOF) and Serve returns
+// the ring's error, so that a supervisor restarts it, instead of leaving
+// clients waiting.
 func TestVanishedInterfaceStopsDaemon(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{})
+	l := newLab(t, Config{Fallback: "none"})
 	c := helloClient(t, l)
 	s := openSocket(t, c, unix.AF_INET)
 	if _, err := c.bind(s, netip.AddrPortFrom(l.p.A.Addr4(), 0), false); err != nil {
@@ -52,5 +53,55 @@ func TestVanishedInterfaceStopsDaemon(t *testing.T) {
 	}
 	if !errors.Is(err, io.EOF) && !errors.Is(err, unix.ECONNRESET) {
 		t.Fatalf("after SHUTDOWN: %v, want the connection closed", err)
+	}
+}
+
+// TestVanishedInterfaceDropsSockets: with a TAP fallback (auto or tap), a
+// vanished interface drops the sockets homed on its ring, each with a
+// SOCKET_ERROR (ENETDOWN) to its client, refuses new ones with ENETDOWN and
+// keeps the daemon and the session going (the socket package's
+// TestE2EInterfaceRecreated covers the interface coming back).
+func TestVanishedInterfaceDropsSockets(t *testing.T) {
+	for _, fb := range []string{"auto", "tap"} {
+		t.Run(fb, func(t *testing.T) {
+			t.Parallel()
+			l := newLab(t, Config{Fallback: fb})
+			c := helloClient(t, l)
+			bound := openSocket(t, c, unix.AF_INET)
+			if _, err := c.bind(bound, netip.AddrPortFrom(l.p.A.Addr4(), 0), false); err != nil {
+				t.Fatal(err)
+			}
+			unbound := openSocket(t, c, unix.AF_INET)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if out, err := l.p.B.NS.Command(ctx, "ip", "link", "del", l.p.B.Name).CombinedOutput(); err != nil {
+				t.Fatalf("delete the veth: %v: %s", err, out)
+			}
+			dropped := map[uint32]bool{}
+			_ = c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			for len(dropped) < 2 {
+				h, m, _, err := c.c.Recv()
+				if err != nil {
+					t.Fatalf("waiting for SOCKET_ERROR (got %d): %v", len(dropped), err)
+				}
+				se, ok := m.(*ctlproto.SocketError)
+				if h.Code != ctlproto.CodeSocketError || !ok || unix.Errno(se.Errno) != unix.ENETDOWN {
+					t.Fatalf("got %v %+v, want SOCKET_ERROR ENETDOWN", h.Code, m)
+				}
+				dropped[h.Socket] = true
+			}
+			if !dropped[bound.id] || !dropped[unbound.id] {
+				t.Fatalf("dropped %v, want sockets %d and %d", dropped, bound.id, unbound.id)
+			}
+			if _, err := c.open(unix.AF_INET, 0); !errors.Is(err, unix.ENETDOWN) {
+				t.Errorf("OPEN while the interface is gone: %v, want ENETDOWN", err)
+			}
+			select {
+			case err := <-l.served:
+				l.served <- err
+				t.Fatalf("Serve returned %v: the daemon should keep serving", err)
+			default:
+			}
+		})
 	}
 }

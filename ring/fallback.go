@@ -117,6 +117,8 @@ type fallbackState struct {
 	// or the ring closes); done is closed when the watcher returned.
 	wake *shmq.Waiter
 	done chan struct{}
+	// closed is set when the paths are closed.
+	closed atomic.Bool
 }
 
 // openPaths opens the ring's paths for cfg's provider and fallback, and
@@ -193,14 +195,16 @@ func (r *Ring) stopWatch() {
 }
 
 // closePaths closes both paths (after the engine and the watcher stopped).
+// Readers of a closed ring (stats of a daemon whose ring lost its
+// interface) then see no steering.
 func (r *Ring) closePaths() error {
+	r.fb.closed.Store(true)
 	var errs []error
 	if p := r.fb.prim.Swap(nil); p != nil {
 		errs = append(errs, p.close())
 	}
 	if r.fb.standby != nil {
 		errs = append(errs, r.fb.standby.close())
-		r.fb.standby = nil
 	}
 	if r.fb.wake != nil {
 		errs = append(errs, r.fb.wake.Close())
@@ -221,8 +225,11 @@ func (r *Ring) steeringsLocked() []qp.Steering {
 }
 
 // mainSteering is the steering Flows and Program report: the fast path's,
-// or the TAP's without one.
+// or the TAP's without one; nil once the ring closed.
 func (r *Ring) mainSteering() qp.Steering {
+	if r.fb.closed.Load() {
+		return nil
+	}
 	if p := r.fb.prim.Load(); p != nil {
 		return p.steer
 	}

@@ -324,7 +324,13 @@ func (r *Ring) Program() *bpf.Program {
 
 // Flows lists the flows steered to the ring, as the kernel reports them
 // (the fast path's steering; the TAP's without one).
-func (r *Ring) Flows() ([]qp.Flow, error) { return r.mainSteering().Flows() }
+func (r *Ring) Flows() ([]qp.Flow, error) {
+	st := r.mainSteering()
+	if st == nil {
+		return nil, errRingClosed
+	}
+	return st.Flows()
+}
 
 // Done is closed when the engine has stopped: after Close, or when it failed
 // (then Err says why).
