@@ -16,10 +16,11 @@ import (
 // A ring whose interface vanishes cannot be served, on any path: the TAP
 // path needs the NIC too. Without a fallback the daemon stops (Serve
 // returns the ring's error). With one (--fallback auto or tap) it keeps
-// running: the sockets homed on that ring are dropped, each with a
-// SOCKET_ERROR (ENETDOWN) to its client, new sockets on it are refused with
-// ENETDOWN, and once an interface of that name is back the ring is opened
-// again and serves new sockets.
+// running: the ring is closed (which releases its endpoints), every socket
+// homed on it gets a SOCKET_ERROR (ENETDOWN) to its client, which then
+// closes it, new sockets on it are refused with ENETDOWN, and once an
+// interface of that name is back the ring is opened again and serves new
+// sockets.
 
 // interfacePoll is how often a ring whose interface vanished looks for it.
 const interfacePoll = 200 * time.Millisecond
@@ -40,19 +41,19 @@ func (d *Daemon) recoverRing(f ringFailure, failed chan ringFailure) bool {
 	}
 	cause := f.err
 	ri.down.Store(&cause)
-	n := d.dropSockets(ri)
-	ri.log.Warn("interface gone: its sockets were dropped; waiting for it to come back",
-		zap.Error(cause), zap.Int("sockets_dropped", n))
 	if err := f.r.Close(); err != nil {
 		ri.log.Debug("closing the ring of a vanished interface", zap.Error(err))
 	}
+	n := d.dropSockets(ri)
+	ri.log.Warn("interface gone: its sockets were dropped; waiting for it to come back",
+		zap.Error(cause), zap.Int("sockets_dropped", n))
 	d.recoverWG.Add(1)
 	go d.awaitInterface(ri, failed)
 	return true
 }
 
-// dropSockets releases every socket homed on ri, in every session, and
-// tells each client with SOCKET_ERROR. It returns how many it dropped.
+// dropSockets tells every client with SOCKET_ERROR which of its sockets
+// were homed on ri. It returns how many.
 func (d *Daemon) dropSockets(ri *ringInfo) int {
 	d.mu.Lock()
 	sessions := make([]*session, 0, len(d.sessions))
@@ -67,7 +68,11 @@ func (d *Daemon) dropSockets(ri *ringInfo) int {
 	return n
 }
 
-// dropRing releases the session's sockets homed on ri and tells the client.
+// dropRing tells the client which of its sockets were homed on ri. Their
+// endpoints go with the ring (its Close releases steering, reservations and
+// memberships); what the session still holds for them (memory, eventfds)
+// goes when the client closes them, in the session's own goroutine, which
+// alone changes its socket table.
 func (s *session) dropRing(ri *ringInfo) int {
 	s.pub.Lock()
 	var dead []*socket
@@ -75,9 +80,6 @@ func (s *session) dropRing(ri *ringInfo) int {
 		if k.home == ri {
 			dead = append(dead, k)
 		}
-	}
-	for _, k := range dead {
-		s.closeSocket(k)
 	}
 	s.pub.Unlock()
 	for _, k := range dead {

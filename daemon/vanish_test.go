@@ -96,6 +96,16 @@ func TestVanishedInterfaceDropsSockets(t *testing.T) {
 			if _, err := c.open(unix.AF_INET, 0); !errors.Is(err, unix.ENETDOWN) {
 				t.Errorf("OPEN while the interface is gone: %v, want ENETDOWN", err)
 			}
+			// The client closes the dropped sockets: the daemon frees
+			// what it still held for them.
+			for _, k := range []*clientSocket{bound, unbound} {
+				if _, err := c.ok(ctlproto.CodeClose, k.id, ctlproto.Empty{}); err != nil {
+					t.Errorf("CLOSE of dropped socket %d: %v", k.id, err)
+				}
+			}
+			if n := l.d.openSockets(); n != 0 {
+				t.Errorf("%d sockets still open after the client closed the dropped ones", n)
+			}
 			select {
 			case err := <-l.served:
 				l.served <- err

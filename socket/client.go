@@ -500,12 +500,17 @@ func (c *Client) closeSocket(u *UDPConn) error {
 	delete(c.socks, u)
 	dead := c.err != nil
 	c.mu.Unlock()
-	var sd *socketDeadError
-	if p := u.gone.Load(); dead || (p != nil && errors.As(*p, &sd)) {
-		return nil // the daemon released it already
+	if dead {
+		return nil // the session ended, which releases the socket too
 	}
 	_, _, fds, err := c.call(ctlproto.CodeClose, u.id, ctlproto.Empty{})
 	closeFDs(fds)
+	var sd *socketDeadError
+	if p := u.gone.Load(); p != nil && errors.As(*p, &sd) {
+		// Dropped by the daemon (SOCKET_ERROR): the CLOSE frees what it
+		// still held; how it answers does not matter.
+		return nil
+	}
 	if err != nil && c.isDead() {
 		return nil // the session ended meanwhile, which releases the socket too
 	}
