@@ -7,7 +7,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/ring/phc"
 	"github.com/bypassd/bypassd/ring/verbs"
 )
@@ -60,9 +60,9 @@ func (d *Daemon) device(ifname string) *deviceFacts {
 // queryDevices answers the devices topic: per served interface, the NIC's
 // facts and how its rings use them.
 func (d *Daemon) queryDevices(*session) (any, error) {
-	doc := ctlproto.DevicesDoc{Devices: []ctlproto.DeviceDoc{}}
+	doc := ctldoc.DevicesDoc{Devices: []ctldoc.DeviceDoc{}}
 	for _, f := range d.devices {
-		dd := ctlproto.DeviceDoc{Interface: f.name, Driver: f.driver, BusInfo: f.bus,
+		dd := ctldoc.DeviceDoc{Interface: f.name, Driver: f.driver, BusInfo: f.bus,
 			RXQueues: f.rxQueues, TXQueues: f.txQueues, PHC: f.phc, Queues: []int{},
 			Pacing: "software", RDMA: f.rdma.Caps, RDMANote: f.rdma.Reason}
 		first := true

@@ -8,7 +8,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/ring/pacing"
 	"github.com/bypassd/bypassd/stats"
 )
@@ -138,7 +138,7 @@ func (k *socket) pacingValue() []byte {
 
 // queryRates answers QUERY rates: every interface's table once.
 func (d *Daemon) queryRates(*session) (any, error) {
-	doc := ctlproto.RatesDoc{Tables: []ctlproto.RateTableDoc{}}
+	doc := ctldoc.RatesDoc{Tables: []ctldoc.RateTableDoc{}}
 	seen := map[*pacing.Table]bool{}
 	for _, ri := range d.rings {
 		t := ri.rates
@@ -148,16 +148,16 @@ func (d *Daemon) queryRates(*session) (any, error) {
 		seen[t] = true
 		snap := t.Snapshot()
 		st := t.Stats()
-		td := ctlproto.RateTableDoc{
+		td := ctldoc.RateTableDoc{
 			Interface: ri.it.Name, Capacity: snap.Config.Capacity, Used: len(snap.Entries),
 			MinKbps: snap.Config.MinKbps, MaxKbps: snap.Config.MaxKbps,
 			Queues: snap.Queues, MaxQueues: snap.Config.MaxQueues, Policy: snap.Config.Policy.String(),
 			Acquired: st.Acquired.Load(), Shared: st.Shared.Load(), Nearest: st.Nearest.Load(),
 			RefusedFull: st.RefusedFull.Load(), RefusedRange: st.RefusedRange.Load(),
-			Entries: []ctlproto.RateEntryDoc{},
+			Entries: []ctldoc.RateEntryDoc{},
 		}
 		for _, e := range snap.Entries {
-			td.Entries = append(td.Entries, ctlproto.RateEntryDoc{Index: e.Index, Kbps: e.Rate.Kbps,
+			td.Entries = append(td.Entries, ctldoc.RateEntryDoc{Index: e.Index, Kbps: e.Rate.Kbps,
 				MaxBurst: e.Rate.MaxBurst, TypicalBytes: e.Rate.TypicalBytes, Burst: e.Rate.Burst(), Users: e.Users})
 		}
 		doc.Tables = append(doc.Tables, td)

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 )
 
@@ -19,12 +20,12 @@ type queryFunc func(d *Daemon, caller *session) (any, error)
 // with a function in its own file.
 func queryTopics() map[string]queryFunc {
 	return map[string]queryFunc{
-		ctlproto.TopicTopics:   (*Daemon).queryTopicList,
-		ctlproto.TopicRings:    (*Daemon).queryRings,
-		ctlproto.TopicSessions: (*Daemon).querySessions,
-		ctlproto.TopicFlows:    (*Daemon).queryFlows,
-		ctlproto.TopicDevices:  (*Daemon).queryDevices,
-		ctlproto.TopicRates:    (*Daemon).queryRates,
+		ctldoc.TopicTopics:   (*Daemon).queryTopicList,
+		ctldoc.TopicRings:    (*Daemon).queryRings,
+		ctldoc.TopicSessions: (*Daemon).querySessions,
+		ctldoc.TopicFlows:    (*Daemon).queryFlows,
+		ctldoc.TopicDevices:  (*Daemon).queryDevices,
+		ctldoc.TopicRates:    (*Daemon).queryRates,
 	}
 }
 
@@ -33,7 +34,7 @@ func queryTopics() map[string]queryFunc {
 func (s *session) onQuery(h ctlproto.Header, m *ctlproto.Query) bool {
 	fn, ok := queryTopics()[m.Topic]
 	if !ok {
-		return s.fail(h, fmt.Errorf("query %q: no such topic (ask for %q): %w", m.Topic, ctlproto.TopicTopics, unix.ENOENT))
+		return s.fail(h, fmt.Errorf("query %q: no such topic (ask for %q): %w", m.Topic, ctldoc.TopicTopics, unix.ENOENT))
 	}
 	doc, err := fn(s.d, s)
 	if err != nil {
@@ -49,7 +50,7 @@ func (s *session) onQuery(h ctlproto.Header, m *ctlproto.Query) bool {
 }
 
 func (d *Daemon) queryTopicList(*session) (any, error) {
-	var doc ctlproto.TopicsDoc
+	var doc ctldoc.TopicsDoc
 	for t := range queryTopics() {
 		doc.Topics = append(doc.Topics, t)
 	}
@@ -58,12 +59,12 @@ func (d *Daemon) queryTopicList(*session) (any, error) {
 }
 
 func (d *Daemon) queryRings(*session) (any, error) {
-	doc := ctlproto.RingsDoc{Rings: []ctlproto.RingDoc{}}
+	doc := ctldoc.RingsDoc{Rings: []ctldoc.RingDoc{}}
 	for i, ri := range d.rings {
 		r := ri.ring()
 		caps := r.Caps()
 		name, queue := r.Interface()
-		rd := ctlproto.RingDoc{
+		rd := ctldoc.RingDoc{
 			Index: i, Interface: name, Queue: queue, Ifindex: r.Ifindex(),
 			Provider: caps.Provider, Mode: caps.Mode, ZeroCopy: caps.ZeroCopy,
 			FrameSize: caps.FrameSize, RXFrames: caps.RXFrames, TXFrames: caps.TXFrames,
@@ -93,7 +94,7 @@ func (d *Daemon) queryRings(*session) (any, error) {
 // and the daemon's user, those of the caller's uid otherwise (as ss -p
 // shows other users' processes to root only).
 func (d *Daemon) querySessions(caller *session) (any, error) {
-	doc := ctlproto.SessionsDoc{Sessions: []ctlproto.SessionDoc{}}
+	doc := ctldoc.SessionsDoc{Sessions: []ctldoc.SessionDoc{}}
 	d.mu.Lock()
 	sessions := make([]*session, 0, len(d.sessions))
 	for s := range d.sessions {
@@ -105,18 +106,18 @@ func (d *Daemon) querySessions(caller *session) (any, error) {
 	for _, s := range sessions {
 		doc.Sessions = append(doc.Sessions, s.describe(d))
 	}
-	slices.SortFunc(doc.Sessions, func(a, b ctlproto.SessionDoc) int { return int(a.PID - b.PID) })
+	slices.SortFunc(doc.Sessions, func(a, b ctldoc.SessionDoc) int { return int(a.PID - b.PID) })
 	return doc, nil
 }
 
 // describe renders the session for QUERY sessions (sessions before HELLO
 // have no program name yet).
-func (s *session) describe(d *Daemon) ctlproto.SessionDoc {
+func (s *session) describe(d *Daemon) ctldoc.SessionDoc {
 	s.pub.Lock()
 	defer s.pub.Unlock()
-	sd := ctlproto.SessionDoc{PID: s.cred.Pid, UID: s.cred.Uid, GID: s.cred.Gid, Program: s.program, Sockets: []ctlproto.SocketDoc{}}
+	sd := ctldoc.SessionDoc{PID: s.cred.Pid, UID: s.cred.Uid, GID: s.cred.Gid, Program: s.program, Sockets: []ctldoc.SocketDoc{}}
 	for _, k := range s.sockets {
-		kd := ctlproto.SocketDoc{ID: k.id, Family: "inet", Ring: slices.Index(d.rings, k.home)}
+		kd := ctldoc.SocketDoc{ID: k.id, Family: "inet", Ring: slices.Index(d.rings, k.home)}
 		if k.family == unix.AF_INET6 {
 			kd.Family = "inet6"
 		}
@@ -131,12 +132,12 @@ func (s *session) describe(d *Daemon) ctlproto.SessionDoc {
 		}
 		sd.Sockets = append(sd.Sockets, kd)
 	}
-	slices.SortFunc(sd.Sockets, func(a, b ctlproto.SocketDoc) int { return int(a.ID) - int(b.ID) })
+	slices.SortFunc(sd.Sockets, func(a, b ctldoc.SocketDoc) int { return int(a.ID) - int(b.ID) })
 	return sd
 }
 
 func (d *Daemon) queryFlows(*session) (any, error) {
-	doc := ctlproto.FlowsDoc{Flows: []ctlproto.FlowDoc{}}
+	doc := ctldoc.FlowsDoc{Flows: []ctldoc.FlowDoc{}}
 	var errs []error
 	for _, ri := range d.rings {
 		flows, err := ri.ring().Flows()
@@ -146,7 +147,7 @@ func (d *Daemon) queryFlows(*session) (any, error) {
 		}
 		name, queue := ri.ring().Interface()
 		for _, f := range flows {
-			fd := ctlproto.FlowDoc{Interface: name, Proto: "udp", Dst: f.Dst.String(), Queue: uint32(queue)}
+			fd := ctldoc.FlowDoc{Interface: name, Proto: "udp", Dst: f.Dst.String(), Queue: uint32(queue)}
 			if f.Proto != unix.IPPROTO_UDP {
 				fd.Proto = fmt.Sprint(f.Proto)
 			}
@@ -159,7 +160,7 @@ func (d *Daemon) queryFlows(*session) (any, error) {
 	if len(doc.Flows) == 0 && len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	slices.SortFunc(doc.Flows, func(a, b ctlproto.FlowDoc) int {
+	slices.SortFunc(doc.Flows, func(a, b ctldoc.FlowDoc) int {
 		if a.Interface != b.Interface {
 			return strings.Compare(a.Interface, b.Interface)
 		}

@@ -7,13 +7,13 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/ctldoc"
 )
 
 func init() {
 	register(command{
 		name: "devices", help: "each served interface's NIC: provider, capabilities, pacing range, device memory, clock, RDMA device",
-		topic: ctlproto.TopicDevices, newDoc: func() any { return new(ctlproto.DevicesDoc) },
+		topic: ctldoc.TopicDevices, newDoc: func() any { return new(ctldoc.DevicesDoc) },
 		print: printDevices,
 	})
 }
@@ -26,7 +26,7 @@ func yesNo(b bool) string {
 }
 
 func printDevices(w io.Writer, doc any) error {
-	for i, d := range doc.(*ctlproto.DevicesDoc).Devices {
+	for i, d := range doc.(*ctldoc.DevicesDoc).Devices {
 		if i > 0 {
 			fmt.Fprintln(w)
 		}

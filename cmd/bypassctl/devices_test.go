@@ -8,7 +8,7 @@ import (
 
 	"github.com/bypassd/bypassd/daemon"
 	"github.com/bypassd/bypassd/daemon/daemontest"
-	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/ring/verbs"
 )
@@ -16,7 +16,7 @@ import (
 // The table of a ConnectX port as the daemon would describe it (values as
 // ibv_devinfo -v prints them for a ConnectX-5).
 func TestPrintDevicesRDMA(t *testing.T) {
-	doc := &ctlproto.DevicesDoc{Devices: []ctlproto.DeviceDoc{{
+	doc := &ctldoc.DevicesDoc{Devices: []ctldoc.DeviceDoc{{
 		Interface: "ens1f0", Driver: "mlx5_core", BusInfo: "0000:03:00.0", RXQueues: 8, TXQueues: 8,
 		Provider: "verbs", Mode: "raw-packet mlx5_0:1", ZeroCopy: true, Queues: []int{0, 1},
 		Pacing: "hardware", PacingMinKbps: 1000, PacingMaxKbps: 100000000, DeviceMemory: 131072, DevMemGranted: 65536,
@@ -55,7 +55,7 @@ func TestDevicesAgainstDaemon(t *testing.T) {
 			t.Errorf("devices: no %q in:\n%s", want, out)
 		}
 	}
-	var doc ctlproto.DevicesDoc
+	var doc ctldoc.DevicesDoc
 	if err := json.Unmarshal([]byte(mustCtl(t, srv.SocketPath(), "--json", "devices")), &doc); err != nil {
 		t.Fatal(err)
 	}

@@ -5,13 +5,13 @@ import (
 	"io"
 	"text/tabwriter"
 
-	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/ctldoc"
 )
 
 func init() {
 	register(command{
 		name: "flows", help: "the steering entries: which destinations go to which ring queue",
-		topic: ctlproto.TopicFlows, newDoc: func() any { return new(ctlproto.FlowsDoc) },
+		topic: ctldoc.TopicFlows, newDoc: func() any { return new(ctldoc.FlowsDoc) },
 		print: printFlows,
 	})
 }
@@ -19,7 +19,7 @@ func init() {
 func printFlows(w io.Writer, doc any) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "INTERFACE\tPROTO\tDESTINATION\tSOURCE\tQUEUE")
-	for _, f := range doc.(*ctlproto.FlowsDoc).Flows {
+	for _, f := range doc.(*ctldoc.FlowsDoc).Flows {
 		src := f.Src
 		if src == "" {
 			src = "any"

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/buildinfo"
+	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 )
 
@@ -191,9 +192,9 @@ func init() {
 	})
 	register(command{
 		name: "topics", help: "list the topics the daemon answers",
-		topic: ctlproto.TopicTopics, newDoc: func() any { return new(ctlproto.TopicsDoc) },
+		topic: ctldoc.TopicTopics, newDoc: func() any { return new(ctldoc.TopicsDoc) },
 		print: func(w io.Writer, doc any) error {
-			for _, t := range doc.(*ctlproto.TopicsDoc).Topics {
+			for _, t := range doc.(*ctldoc.TopicsDoc).Topics {
 				fmt.Fprintln(w, t)
 			}
 			return nil

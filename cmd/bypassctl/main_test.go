@@ -12,7 +12,7 @@ import (
 
 	"github.com/bypassd/bypassd/daemon"
 	"github.com/bypassd/bypassd/daemon/daemontest"
-	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/socket"
 )
@@ -72,21 +72,21 @@ func TestCommandsAgainstDaemon(t *testing.T) {
 	if !strings.Contains(out, local.String()) || !strings.Contains(out, "bypassctl") {
 		t.Errorf("sessions: want the socket on %v and bypassctl's own session in:\n%s", local, out)
 	}
-	for _, topic := range []string{ctlproto.TopicRings, ctlproto.TopicFlows, ctlproto.TopicSessions} {
+	for _, topic := range []string{ctldoc.TopicRings, ctldoc.TopicFlows, ctldoc.TopicSessions} {
 		if !strings.Contains(mustCtl(t, sock, "topics"), topic) {
 			t.Errorf("topics lacks %s", topic)
 		}
 	}
 
 	// --json prints the daemon's document; query prints any topic.
-	var rings ctlproto.RingsDoc
+	var rings ctldoc.RingsDoc
 	if err := json.Unmarshal([]byte(mustCtl(t, sock, "--json", "rings")), &rings); err != nil {
 		t.Fatal(err)
 	}
 	if len(rings.Rings) != 1 || rings.Rings[0].Interface != p.A.Name || rings.Rings[0].Sockets != 2 {
 		t.Errorf("rings document: %+v", rings)
 	}
-	var flows ctlproto.FlowsDoc
+	var flows ctldoc.FlowsDoc
 	if err := json.Unmarshal([]byte(mustCtl(t, sock, "query", "flows")), &flows); err != nil {
 		t.Fatal(err)
 	}

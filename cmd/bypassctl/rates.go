@@ -5,20 +5,20 @@ import (
 	"io"
 	"text/tabwriter"
 
-	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/ring/pacing"
 )
 
 func init() {
 	register(command{
 		name: "rates", help: "the pacing rate table of each interface: rates in use, sharing, limits, refusals",
-		topic: ctlproto.TopicRates, newDoc: func() any { return new(ctlproto.RatesDoc) },
+		topic: ctldoc.TopicRates, newDoc: func() any { return new(ctldoc.RatesDoc) },
 		print: printRates,
 	})
 }
 
 func printRates(w io.Writer, doc any) error {
-	for i, t := range doc.(*ctlproto.RatesDoc).Tables {
+	for i, t := range doc.(*ctldoc.RatesDoc).Tables {
 		if i > 0 {
 			fmt.Fprintln(w)
 		}

@@ -19,7 +19,7 @@ import (
 
 	"github.com/bypassd/bypassd/daemon"
 	"github.com/bypassd/bypassd/daemon/daemontest"
-	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/ring/pacing"
 	"github.com/bypassd/bypassd/socket"
@@ -64,9 +64,9 @@ func pacedChild() int {
 	return 0
 }
 
-func ratesDoc(t *testing.T, sock string) ctlproto.RateTableDoc {
+func ratesDoc(t *testing.T, sock string) ctldoc.RateTableDoc {
 	t.Helper()
-	var doc ctlproto.RatesDoc
+	var doc ctldoc.RatesDoc
 	if err := json.Unmarshal([]byte(mustCtl(t, sock, "--json", "rates")), &doc); err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func ratesDoc(t *testing.T, sock string) ctlproto.RateTableDoc {
 	return doc.Tables[0]
 }
 
-func users(td ctlproto.RateTableDoc) map[uint32]int {
+func users(td ctldoc.RateTableDoc) map[uint32]int {
 	m := map[uint32]int{}
 	for _, e := range td.Entries {
 		m[e.Kbps] = e.Users
@@ -180,7 +180,7 @@ func TestRatesRefuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	var td ctlproto.RateTableDoc
+	var td ctldoc.RateTableDoc
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if td = ratesDoc(t, sock); td.Used == 1 {
 			break

@@ -5,13 +5,13 @@ import (
 	"io"
 	"text/tabwriter"
 
-	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/ctldoc"
 )
 
 func init() {
 	register(command{
 		name: "rings", help: "the rings: interface queue, provider, XDP mode, sockets, state",
-		topic: ctlproto.TopicRings, newDoc: func() any { return new(ctlproto.RingsDoc) },
+		topic: ctldoc.TopicRings, newDoc: func() any { return new(ctldoc.RingsDoc) },
 		print: printRings,
 	})
 }
@@ -20,7 +20,7 @@ func printRings(w io.Writer, doc any) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "RING\tINTERFACE\tQUEUE\tPROVIDER\tMODE\tXDP\tFRAMES rx/tx×size\tSOCKETS\tRX PKTS\tTX PKTS\tSTATE")
 	var notes []string
-	for _, r := range doc.(*ctlproto.RingsDoc).Rings {
+	for _, r := range doc.(*ctldoc.RingsDoc).Rings {
 		xdp := r.XDPMode
 		if xdp == "" {
 			xdp = "-"

@@ -5,13 +5,13 @@ import (
 	"io"
 	"text/tabwriter"
 
-	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/ctldoc"
 )
 
 func init() {
 	register(command{
 		name: "sessions", help: "client processes and their sockets (other users' only for root)",
-		topic: ctlproto.TopicSessions, newDoc: func() any { return new(ctlproto.SessionsDoc) },
+		topic: ctldoc.TopicSessions, newDoc: func() any { return new(ctldoc.SessionsDoc) },
 		print: printSessions,
 	})
 }
@@ -19,7 +19,7 @@ func init() {
 func printSessions(w io.Writer, doc any) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PID\tUID\tPROGRAM\tSOCKET\tFAMILY\tRING\tLOCAL\tPEER\tRX PKTS\tTX PKTS")
-	for _, s := range doc.(*ctlproto.SessionsDoc).Sessions {
+	for _, s := range doc.(*ctldoc.SessionsDoc).Sessions {
 		if len(s.Sockets) == 0 {
 			fmt.Fprintf(tw, "%d\t%d\t%s\t-\t\t\t\t\t\t\n", s.PID, s.UID, orDash(s.Program))
 			continue

@@ -67,7 +67,7 @@ func samples() []sample {
 		{"zero-stats-all", Header{Code: CodeZeroStats, ReqID: 12}, &ZeroStats{PID: ZeroStatsAll}},
 		{"zero-stats-daemon", Header{Code: CodeZeroStats, ReqID: 12}, &ZeroStats{Daemon: true}},
 		{"zero-stats-reply", Header{Code: CodeZeroStats | ReplyBit, ReqID: 12}, &Empty{}},
-		{"query", Header{Code: CodeQuery, ReqID: 13}, &Query{Topic: TopicRings}},
+		{"query", Header{Code: CodeQuery, ReqID: 13}, &Query{Topic: "rings"}},
 		{"query-fulltopic", Header{Code: CodeQuery, ReqID: 13}, &Query{Topic: strings.Repeat("a-9", TopicMax/3) + "zz"}},
 		{"query-reply", Header{Code: CodeQuery | ReplyBit, ReqID: 13}, &QueryReply{Size: 1234}},
 		{"error-reply", Header{Code: CodeBind | ReplyBit, ReqID: 3, Socket: 7, Status: unix.EADDRINUSE}, &Empty{}},

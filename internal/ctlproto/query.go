@@ -21,15 +21,6 @@ const FDQueryDocument = 0
 // an unbounded amount on the daemon's word.
 const MaxDocument = 64 << 20
 
-// Topics every daemon of this version answers. Features add their own
-// (TopicRates, TopicDevices); TopicTopics lists what a daemon knows.
-const (
-	TopicTopics   = "topics"
-	TopicRings    = "rings"
-	TopicSessions = "sessions"
-	TopicFlows    = "flows"
-)
-
 // CheckTopic reports whether t is a well-formed topic name.
 func CheckTopic(t string) error {
 	if t == "" {

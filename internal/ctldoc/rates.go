@@ -1,4 +1,4 @@
-package ctlproto
+package ctldoc
 
 // TopicRates is the QUERY topic of the pacing rate tables (bypassctl rates).
 const TopicRates = "rates"

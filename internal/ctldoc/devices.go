@@ -1,4 +1,4 @@
-package ctlproto
+package ctldoc
 
 import "github.com/bypassd/bypassd/ring/verbs"
 

@@ -1,4 +1,20 @@
-package ctlproto
+// Package ctldoc holds the JSON documents the daemon answers QUERY with
+// (docs/protocol.md, "QUERY"): one type per topic, shared by the daemon that
+// writes them and bypassctl that renders them.
+//
+// It is kept apart from internal/ctlproto, the wire codec every client
+// links, so that application binaries do not carry the operator's document
+// types (nor what they embed, such as the verbs device facts).
+package ctldoc
+
+// Topics every daemon of this version answers. Features add their own
+// (TopicRates, TopicDevices); TopicTopics lists what a daemon knows.
+const (
+	TopicTopics   = "topics"
+	TopicRings    = "rings"
+	TopicSessions = "sessions"
+	TopicFlows    = "flows"
+)
 
 // The documents of the topics every daemon answers. Field names are the
 // JSON keys (snake case, stable within a protocol version; new keys may be
