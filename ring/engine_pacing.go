@@ -85,6 +85,15 @@ func (e *engine) initPacing() {
 	e.wheel = pacing.NewWheel[*Endpoint](0)
 	e.paced = map[*Endpoint]struct{}{}
 	e.hwRate, _ = e.r.prov.(qp.RateLimiter)
+	// A ring with a TAP fallback is driven through a provider that swaps
+	// paths under the engine; the TAP cannot honour a send queue's hardware
+	// rate, so such a ring paces in software even on a pacing device.
+	if fp, ok := e.r.prov.(*fallbackProvider); ok {
+		if _, hw := fp.prim.(qp.RateLimiter); hw {
+			e.r.log.Warn("hardware pacing off: a ring with a TAP fallback paces in software (run with --fallback none for the device's rate limiter)",
+				zap.String("fallback", e.r.cfg.Fallback.String()))
+		}
+	}
 }
 
 // pacingThread prepares the engine thread: a timer slack of 1 µs instead
