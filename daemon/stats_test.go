@@ -108,8 +108,12 @@ func TestStatsFileLifecycle(t *testing.T) {
 	ch := startChild(t, bin, "hold", []string{envSocket + "=" + l.cfg.SocketPath, envAddr + "=" + l.p.A.Addr4().String()}, nil)
 	ch.line(t)
 	child := stats.ClientPath(dir, ch.cmd.Process.Pid)
-	cs := waitFile(t, child, func(s *stats.Snapshot) bool { return len(s.Sockets) == 1 })
-	if sk := cs.Sockets[0]; sk.Flags&stats.SocketBound == 0 || sk.Local.Addr() != l.p.A.Addr4() || sk.Ring != 0 {
+	// A publication between the child's OPEN and its BIND shows the socket
+	// unbound: wait for one after the bind.
+	cs := waitFile(t, child, func(s *stats.Snapshot) bool {
+		return len(s.Sockets) == 1 && s.Sockets[0].Flags&stats.SocketBound != 0
+	})
+	if sk := cs.Sockets[0]; sk.Local.Addr() != l.p.A.Addr4() || sk.Ring != 0 {
 		t.Errorf("child's socket %+v", sk)
 	}
 	_ = ch.cmd.Process.Kill()
