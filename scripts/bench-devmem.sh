@@ -22,8 +22,6 @@ echo
 . scripts/lab.sh
 lab_start_server
 
-pct() { awk -v p="$2" '$0 ~ "percentile "p" =" {print $NF}' "$1"; }
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
 # run MODE I: one ping-pong through a daemon with staging MODE (off|on).
 run() {

@@ -14,8 +14,6 @@ lab_start_server
 lab_start_daemon --rx-poll "$POLL" --engine-poll "$POLL"
 
 # pct FILE P: the value of percentile P in a sockperf summary.
-pct() { awk -v p="$2" '$0 ~ "percentile "p" =" {print $NF}' "$1"; }
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
 for i in $(seq "$RUNS"); do
   ip netns exec "$NS_A" env BYPASSD_SOCKET="$BYPASSD_SOCK" "$BIN/bypass-perf" --no-color \

@@ -21,8 +21,6 @@ echo
 . scripts/lab.sh
 lab_start_server
 
-pct() { awk -v p="$2" '$0 ~ "percentile "p" =" {print $NF}' "$1"; }
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
 # run PATH I: one ping-pong on PATH (afxdp: bypassd's default; tap: bypassd
 # --fallback tap; kernel: sockperf itself).

@@ -47,3 +47,9 @@ lab_stop_daemon() {
   wait "$lab_daemon_pid"
   lab_daemon_pid=""
 }
+
+# pct FILE P prints sockperf's "percentile P" value from its output in FILE.
+pct() { awk -v p="$2" '$0 ~ "percentile "p" =" {print $NF}' "$1"; }
+
+# median prints the median of the numbers on stdin, one per line.
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
