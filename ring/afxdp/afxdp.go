@@ -120,8 +120,8 @@ type Socket struct {
 	fill, comp *addrRing
 	rx, tx     *descRing
 
-	// free holds UMEM addresses of unused TX frames (a stack).
-	free []uint64
+	// free holds the unused TX frames of the UMEM.
+	free qp.TXPool
 	// stageBase is where the staging chunks start (the end of the pools);
 	// stage is the region lent out and released gets its completions.
 	stageBase uint64
@@ -235,8 +235,9 @@ func open(cfg Config, zeroCopy bool) (_ *Socket, err error) {
 	}
 	s.fill.cachedProd = uint32(s.rxFrames)
 	s.fill.publishProducer(s.fill.cachedProd)
+	s.free = qp.NewTXPool(s.umem, cfg.FrameSize, cfg.Frames-s.rxFrames)
 	for i := cfg.Frames - 1; i >= s.rxFrames; i-- {
-		s.free = append(s.free, uint64(i)*fs)
+		s.free.Put(uint64(i) * fs)
 	}
 
 	flags := uint16(unix.XDP_USE_NEED_WAKEUP)
@@ -402,16 +403,10 @@ func (s *Socket) ReleaseRX(frames []qp.Frame) {
 
 // AllocTX implements qp.Provider.
 func (s *Socket) AllocTX(frames []qp.Frame) int {
-	if len(s.free) < len(frames) {
+	if s.free.Len() < len(frames) {
 		s.Complete()
 	}
-	n := min(len(frames), len(s.free))
-	fs := uint64(s.cfg.FrameSize)
-	for i := 0; i < n; i++ {
-		addr := s.free[len(s.free)-1-i]
-		frames[i] = qp.Frame{Buf: s.umem[addr : addr+fs : addr+fs], Handle: addr}
-	}
-	s.free = s.free[:len(s.free)-n]
+	n := s.free.Take(frames)
 	if n < len(frames) {
 		s.txNoBuffer.Add(1)
 	}
@@ -423,7 +418,7 @@ func (s *Socket) AllocTX(frames []qp.Frame) int {
 func (s *Socket) FreeTX(frames []qp.Frame) {
 	for i := range frames {
 		if frames[i].Handle < s.stageBase {
-			s.free = append(s.free, frames[i].Handle)
+			s.free.Put(frames[i].Handle)
 		}
 	}
 }
@@ -507,7 +502,7 @@ func (s *Socket) Complete() int {
 				}
 				continue
 			}
-			s.free = append(s.free, addr)
+			s.free.Put(addr)
 		}
 		s.comp.cachedCons = cons + n
 		s.comp.publishConsumer(s.comp.cachedCons)

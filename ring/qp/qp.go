@@ -9,7 +9,8 @@
 // returned unused with FreeTX. Completions are reaped by the provider itself
 // when AllocTX runs short, or explicitly with Complete.
 //
-// The package owns no implementation: it is the seam between the engine
+// The package owns no implementation (but TXPool, the send-buffer free list
+// that buffer-owning providers share): it is the seam between the engine
 // (package ring) and the providers, so that neither imports the other's
 // internals. Optional hardware features (rate limiting, device memory, clock)
 // are separate small interfaces that a provider implements when it can; the

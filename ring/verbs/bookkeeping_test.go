@@ -17,6 +17,7 @@ func bookkeepingProvider(paced int) *Provider {
 	cfg := Config{Frames: 64, FrameSize: 2048, Inline: 204}
 	p := &Provider{cfg: cfg, sizes: queueSizes{RXFrames: 32, TXFrames: 32, SendWR: 32, RecvWR: 32}, inline: 204, base: 0x10000}
 	p.pool = make([]byte, 64*2048)
+	p.free = qp.NewTXPool(p.pool, cfg.FrameSize, 32)
 	for i := 0; i <= paced; i++ {
 		p.sq = append(p.sq, &sendQueue{depth: 32})
 	}
@@ -75,20 +76,23 @@ func TestTakeTXRetiresUpToTheSignaledRequest(t *testing.T) {
 	p.sq[0].inflight[4].handle = dmHandle | 256
 	p.pending = 10
 	// Queue 1 completes its third request: the first three retire.
-	if n := p.takeTX([]completion{{WRID: 1<<wrSeqBits | 2}}); n != 3 || len(p.sq[1].inflight) != 2 || p.pending != 7 || len(p.free) != 3 {
-		t.Fatalf("after queue 1 seq 2: done %d, inflight %d, pending %d, free %d", n, len(p.sq[1].inflight), p.pending, len(p.free))
+	if n := p.takeTX([]completion{{WRID: 1<<wrSeqBits | 2}}); n != 3 || len(p.sq[1].inflight) != 2 || p.pending != 7 || p.free.Len() != 3 {
+		t.Fatalf("after queue 1 seq 2: done %d, inflight %d, pending %d, free %d", n, len(p.sq[1].inflight), p.pending, p.free.Len())
 	}
 	// Queue 0 completes everything; its device-memory frames go back to
 	// the staging allocator in order, not to the free list.
-	if n := p.takeTX([]completion{{WRID: 4}}); n != 5 || len(p.free) != 6 || p.pending != 2 {
-		t.Fatalf("after queue 0 seq 4: done %d, free %d, pending %d", n, len(p.free), p.pending)
+	if n := p.takeTX([]completion{{WRID: 4}}); n != 5 || p.free.Len() != 6 || p.pending != 2 {
+		t.Fatalf("after queue 0 seq 4: done %d, free %d, pending %d", n, p.free.Len(), p.pending)
 	}
 	if len(released) != 2 || released[0] != 64 || released[1] != 256 {
 		t.Fatalf("staged frames released %v, want [64 256]", released)
 	}
-	for _, h := range p.free {
-		if h&dmHandle != 0 {
-			t.Fatalf("device-memory handle %#x on the free list", h)
+	// Every buffer on the free list is a pool buffer (a device-memory
+	// handle would be far beyond the pool).
+	free := make([]qp.Frame, p.free.Len())
+	for _, f := range free[:p.free.Take(free)] {
+		if f.Handle&dmHandle != 0 || f.Handle >= uint64(len(p.pool)) {
+			t.Fatalf("handle %#x on the free list is not a pool buffer", f.Handle)
 		}
 	}
 	// A stale completion (older than what is in flight) retires nothing.

@@ -148,7 +148,7 @@ type Provider struct {
 
 	sq       []*sendQueue
 	pending  int // frames in flight over all send queues
-	free     []uint64
+	free     qp.TXPool
 	rxPosted int
 
 	// Completions taken by Wait's race check, consumed first by RXBurst and
@@ -298,8 +298,9 @@ func Open(cfg Config) (_ *Provider, err error) {
 	if err = p.postRecv(); err != nil {
 		return nil, err
 	}
+	p.free = qp.NewTXPool(p.pool, cfg.FrameSize, p.sizes.TXFrames)
 	for i := n - 1; i >= p.sizes.RXFrames; i-- {
-		p.free = append(p.free, uint64(i)*fs)
+		p.free.Put(uint64(i) * fs)
 	}
 	p.wc = make([]completion, 64)
 	p.pollFds[0] = unix.PollFd{Fd: int32(cChannelFD(p.ch)), Events: unix.POLLIN}
@@ -473,16 +474,10 @@ func (p *Provider) postRecv() error {
 
 // AllocTX implements qp.Provider.
 func (p *Provider) AllocTX(frames []qp.Frame) int {
-	if len(p.free) < len(frames) {
+	if p.free.Len() < len(frames) {
 		p.Complete()
 	}
-	n := min(len(frames), len(p.free))
-	fs := uint64(p.cfg.FrameSize)
-	for i := 0; i < n; i++ {
-		off := p.free[len(p.free)-1-i]
-		frames[i] = qp.Frame{Buf: p.pool[off : off+fs : off+fs], Handle: off}
-	}
-	p.free = p.free[:len(p.free)-n]
+	n := p.free.Take(frames)
 	if n < len(frames) {
 		p.txNoBuffer.Add(1)
 	}
@@ -493,7 +488,7 @@ func (p *Provider) AllocTX(frames []qp.Frame) int {
 func (p *Provider) FreeTX(frames []qp.Frame) {
 	for i := range frames {
 		if frames[i].Handle&dmHandle == 0 {
-			p.free = append(p.free, frames[i].Handle)
+			p.free.Put(frames[i].Handle)
 		}
 	}
 }
@@ -641,7 +636,7 @@ func (p *Provider) takeTX(batch []completion) int {
 		i := 0
 		for i < len(s.inflight) && (seq-s.inflight[i].seq)&(1<<wrSeqBits-1) < 1<<(wrSeqBits-1) {
 			if h := s.inflight[i].handle; h&dmHandle == 0 {
-				p.free = append(p.free, h)
+				p.free.Put(h)
 			} else if p.dm != nil {
 				p.dm.released(int(h &^ dmHandle))
 			}
