@@ -30,6 +30,11 @@ echo
 echo "== bypass-stats -p $lab_daemon_pid -v 3 (the daemon's rings)"
 "$BIN/bypass-stats" -S "$LAB_TMP/stats" -p "$lab_daemon_pid" -v 3 -c 1
 
+echo
+echo "== bypassctl rings and devices (what the daemon serves, asked over its control socket)"
+"$BIN/bypassctl" --socket "$BYPASSD_SOCK" rings
+"$BIN/bypassctl" --socket "$BYPASSD_SOCK" devices
+
 lab_stop_daemon
 echo
 echo "== bypassd counters at shutdown"
