@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -78,6 +79,10 @@ type clientStats struct {
 	resetTime time.Time
 	base      map[uint32]stats.SocketCounters
 	baseTotal stats.SocketCounters
+	// blocks and order are publish's buffers, kept so that a client with
+	// many sockets does not allocate them every interval.
+	blocks, sorted []stats.Socket
+	order          []int32
 }
 
 // statsState is the daemon's stats publication (nil Writer: files off).
@@ -359,6 +364,9 @@ type clientView struct {
 // view reads the client's sockets and totals (raw). The caller holds c.mu.
 func (c *clientStats) view(d *Daemon, withSockets bool) clientView {
 	var v clientView
+	if withSockets {
+		v.sockets = c.blocks[:0]
+	}
 	v.total = c.retired
 	v.opened = c.opened
 	for _, s := range c.sessions {
@@ -389,8 +397,26 @@ func (c *clientStats) view(d *Daemon, withSockets bool) clientView {
 		s.pub.Unlock()
 	}
 	v.total[stats.SockRXQueueMaxBytes], v.total[stats.SockTXQueueMaxBytes] = 0, 0
-	slices.SortFunc(v.sockets, func(a, b stats.Socket) int { return int(a.ID) - int(b.ID) })
+	if withSockets {
+		c.blocks = v.sockets
+		v.sockets = c.sortByID(v.sockets)
+	}
 	return v
+}
+
+// sortByID returns blocks in socket id order, in c.sorted: the blocks are
+// large, so an index is sorted and the blocks are copied once.
+func (c *clientStats) sortByID(blocks []stats.Socket) []stats.Socket {
+	c.order = c.order[:0]
+	for i := range blocks {
+		c.order = append(c.order, int32(i))
+	}
+	slices.SortFunc(c.order, func(a, b int32) int { return cmp.Compare(blocks[a].ID, blocks[b].ID) })
+	c.sorted = c.sorted[:0]
+	for _, i := range c.order {
+		c.sorted = append(c.sorted, blocks[i])
+	}
+	return c.sorted
 }
 
 // publish writes the client's snapshot, applying a pending reset first.
@@ -424,16 +450,18 @@ func (c *clientStats) publish(d *Daemon) {
 			b.Counters[stats.SockTXQueueMaxBytes] = b.Counters[stats.SockTXQueueBytes]
 		}
 	}
-	live := make(map[uint32]bool, len(v.sockets))
-	for i := range v.sockets {
-		b := &v.sockets[i]
-		live[b.ID] = true
-		base := c.base[b.ID]
-		subtract(b.Counters[:], base[:], stats.SocketCounter.IsGauge)
-	}
-	for id := range c.base {
-		if !live[id] {
-			delete(c.base, id) // ids are never reused by a live socket of the daemon
+	if len(c.base) > 0 { // only after a reset
+		live := make(map[uint32]bool, len(v.sockets))
+		for i := range v.sockets {
+			b := &v.sockets[i]
+			live[b.ID] = true
+			base := c.base[b.ID]
+			subtract(b.Counters[:], base[:], stats.SocketCounter.IsGauge)
+		}
+		for id := range c.base {
+			if !live[id] {
+				delete(c.base, id) // ids are never reused by a live socket of the daemon
+			}
 		}
 	}
 	total := v.total
