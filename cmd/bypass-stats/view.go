@@ -70,7 +70,7 @@ func (v *viewer) sock(s *stats.Socket, c stats.SocketCounter) uint64 {
 
 // ring returns a ring counter as shown.
 func (v *viewer) ring(r *stats.Ring, c stats.RingCounter, prev *stats.Snapshot) uint64 {
-	if prev == nil || !v.deltas() {
+	if prev == nil || !v.deltas() || c.IsGauge() {
 		return r.Counters[c]
 	}
 	for i := range prev.Rings {
