@@ -58,8 +58,14 @@ func pacingWindows(t *testing.T, name string, arr []arrivals.Arrival, start int6
 		}
 		excess := arrivals.MaxExcess(in, arrivals.WireOverhead4, want)
 		limit := float64(rate.Burst()) + float64(size+arrivals.WireOverhead4)
+		// Faster than the rate is never excused: a late engine catches
+		// up by at most its burst allowance, a few hundred microseconds'
+		// worth of a 1-second window.
+		if e > 0.01 {
+			t.Errorf("%s: window %d: %.3f Mbit/s (%+.2f%%), faster than %v +1%%", name, i, acc.Rates[i]/1e6, 100*e, rate)
+		}
 		var miss []string
-		if math.Abs(e) > 0.01 {
+		if e < -0.01 {
 			miss = append(miss, fmt.Sprintf("%.3f Mbit/s (%+.2f%%), want %v ±1%%", acc.Rates[i]/1e6, 100*e, rate))
 		}
 		if excess > limit && bursts {
@@ -179,9 +185,10 @@ func TestPacingAccuracy(t *testing.T) {
 		t.Errorf("ring counters: %d paced datagrams, %d paced queues", st.TXPaced.Load(), st.PacedQueues.Load())
 	}
 	if judged == 0 {
-		// Not a failure of the pacer: the machine did not run its engine
-		// in time, and the engine said so (TXPaceLate).
-		t.Skipf("no window could be judged: the machine starved the engine (see the log)")
+		// The upper bound held in every window; the lower one could not be
+		// judged: the machine did not run the engine in time, and the
+		// engine said so (TXPaceLate).
+		t.Logf("no window met the lower bound while the engine kept time: the machine starved it (see above)")
 	}
 }
 
@@ -247,13 +254,13 @@ func TestPacingHundredFlows(t *testing.T) {
 			continue
 		}
 		missed++
-		if !starved {
+		if !starved || acc.Worst > 0 { // faster than the rate is never excused
 			t.Errorf("flow %d at %v: %.3f Mbit/s (%+.2f%%), want ±2%%", i, rates[i], acc.Rates[0]/1e6, 100*acc.Worst)
 		}
 	}
 	t.Logf("100 flows, 1..20 Mbit/s: worst flow %+.3f%% over %v", 100*worst, measured)
 	if missed > 0 && starved {
-		t.Skipf("%d flows outside ±2%% while the engine was late beyond its burst allowance (%d late departures): the machine starved it",
+		t.Logf("%d flows outside ±2%% while the engine was late beyond its burst allowance (%d late departures): the machine starved it",
 			missed, l.r.Stats().TXPaceLate.Load())
 	}
 }
@@ -294,6 +301,6 @@ func TestPacingTAPPath(t *testing.T) {
 	acc, judged := pacingWindows(t, "tap "+rate.String(), arr, arr[0].T+int64(200*time.Millisecond), windows, rate, size, late, false)
 	t.Logf("TAP path at %v: rate error mean %.3f%% worst %+.3f%%", rate, 100*acc.Mean, 100*acc.Worst)
 	if judged == 0 {
-		t.Skipf("no window could be judged: the machine starved the engine (%d late departures)", l.r.Stats().TXPaceLate.Load())
+		t.Logf("no window met the lower bound while the engine kept time: the machine starved it (%d late departures)", l.r.Stats().TXPaceLate.Load())
 	}
 }

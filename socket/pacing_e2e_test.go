@@ -105,6 +105,9 @@ func TestE2EPacing(t *testing.T) {
 			switch {
 			case math.Abs(e) <= 0.01:
 				judged++
+			case e > 0.01: // faster than the rate: lateness cannot explain it
+				judged++
+				t.Errorf("%s: window %d: %.3f Mbit/s (%+.2f%%), faster than %.0f kbit/s +1%%", name, i, acc.Rates[i]/1e6, 100*e, kbps)
 			case late.Moved(start+int64(i)*int64(time.Second), start+int64(i+1)*int64(time.Second)):
 				t.Logf("%s: window %d: %+.2f%%, excused: the engine was late beyond its burst allowance", name, i, 100*e)
 			default:
@@ -162,6 +165,7 @@ func TestE2EPacing(t *testing.T) {
 		t.Errorf("after refused changes the socket is paced at %+v (%v), want 50 Mbit/s still", info, err)
 	}
 	if judged == 0 {
-		t.Skipf("no rate window could be judged: the machine starved the engine (%d late departures)", l.d.Rings()[0].Stats().TXPaceLate.Load())
+		t.Logf("no window met the lower bound while the engine kept time (the upper bound held in all): the machine starved it (%d late departures)",
+			l.d.Rings()[0].Stats().TXPaceLate.Load())
 	}
 }
