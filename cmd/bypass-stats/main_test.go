@@ -78,6 +78,18 @@ func (l *lab) client(t *testing.T) *socket.Client {
 	return c
 }
 
+// listen binds a socket of c on A's address (any port), closed when the
+// test ends.
+func (l *lab) listen(t *testing.T, c *socket.Client) *socket.UDPConn {
+	t.Helper()
+	u, err := c.ListenUDP("udp4", netip.AddrPortFrom(l.p.A.Addr4(), 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = u.Close() })
+	return u
+}
+
 // kernelUDP opens a kernel socket in B.
 func (l *lab) kernelUDP(t *testing.T) *net.UDPConn {
 	t.Helper()
@@ -170,12 +182,7 @@ func fields(t *testing.T, out, prefix string) []string {
 func TestViewsMatchTraffic(t *testing.T) {
 	netlab.RequirePriv(t)
 	l := newLab(t)
-	c := l.client(t)
-	u, err := c.ListenUDP("udp4", netip.AddrPortFrom(l.p.A.Addr4(), 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Close()
+	u := l.listen(t, l.client(t))
 	peer := l.kernelUDP(t)
 	const rx, rxSize, tx, txSize = 100, 1000, 50, 2048
 	exchange(t, u, peer, rx, rxSize, tx, txSize)
@@ -327,11 +334,7 @@ func TestDaemonViewsZeroAndFilter(t *testing.T) {
 func TestZeroAndDeltas(t *testing.T) {
 	netlab.RequirePriv(t)
 	l := newLab(t)
-	c := l.client(t)
-	u, err := c.ListenUDP("udp4", netip.AddrPortFrom(l.p.A.Addr4(), 0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	u := l.listen(t, l.client(t))
 	peer := l.kernelUDP(t)
 	exchange(t, u, peer, 20, 100, 0, 0)
 	pid := strconv.Itoa(os.Getpid())
@@ -419,10 +422,7 @@ func runAs(t *testing.T, uid uint32, args ...string) (string, int) {
 func TestErrors(t *testing.T) {
 	netlab.RequirePriv(t)
 	l := newLab(t)
-	c := l.client(t)
-	if _, err := c.ListenUDP("udp4", netip.AddrPortFrom(l.p.A.Addr4(), 0)); err != nil {
-		t.Fatal(err)
-	}
+	l.listen(t, l.client(t))
 	pid := strconv.Itoa(os.Getpid())
 	l.waitStats(t, stats.ClientPath(l.stats, os.Getpid()), func(s *stats.Snapshot) bool { return len(s.Sockets) == 1 })
 
@@ -491,11 +491,7 @@ func TestErrors(t *testing.T) {
 func TestReaderAttachDetachDuringTraffic(t *testing.T) {
 	netlab.RequirePriv(t)
 	l := newLab(t)
-	c := l.client(t)
-	u, err := c.ListenUDP("udp4", netip.AddrPortFrom(l.p.A.Addr4(), 0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	u := l.listen(t, l.client(t))
 	peer := l.kernelUDP(t)
 	to := u.LocalAddr().(*net.UDPAddr).AddrPort()
 	const size = 200
