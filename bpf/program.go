@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -197,7 +198,7 @@ func (p *Program) attachTimestamping(spec *ebpf.CollectionSpec) error {
 	}
 	l, err := link.AttachXDP(link.XDPOptions{Program: objs.Prog, Interface: p.ifindex, Flags: ModeNative.flags()})
 	if err != nil {
-		objs.Prog.Close()
+		closeDevBound(objs.Prog)
 		objs.steerMaps.Close()
 		return attachError(p.ifindex, ModeNative, err)
 	}
@@ -515,8 +516,42 @@ func (p *Program) Close() error {
 }
 
 func (p *Program) closeObjects() error {
-	if err := errors.Join(p.prog.Close(), p.objs.Close()); err != nil {
+	var perr error
+	if p.rxts {
+		perr = closeDevBound(p.prog)
+	} else {
+		perr = p.prog.Close()
+	}
+	if err := errors.Join(perr, p.objs.Close()); err != nil {
 		return fmt.Errorf("bpf: free program and maps: %w", err)
 	}
 	return nil
+}
+
+// closeDevBound closes a device-bound program and waits until the kernel
+// has freed it. Linux 6.18 can oops when a netdev is unregistered while a
+// device-bound program of it is still being torn down (the program is
+// freed after an RCU grace period, not at close); callers that delete the
+// device next (a test's namespace, an operator's veth) must not race it.
+func closeDevBound(prog *ebpf.Program) error {
+	var id ebpf.ProgramID
+	if info, err := prog.Info(); err == nil {
+		id, _ = info.ID()
+	}
+	err := prog.Close()
+	if id == 0 {
+		return err
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		p, lerr := ebpf.NewProgramFromID(id)
+		if lerr != nil {
+			break
+		}
+		p.Close()
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The offload bookkeeping goes after the program's own id.
+	time.Sleep(100 * time.Millisecond)
+	return err
 }

@@ -39,6 +39,22 @@ func ProbeHWTimestamps(ifname string, requested tsconv.Mode) (HWTimestampSupport
 	return HWTimestampSupport{Info: info, Mode: mode, Reason: why}, nil
 }
 
+// deviceStamps reports whether the ring should load the device-bound
+// timestamping XDP program: conversion is asked for and the device stamps
+// received frames in hardware. A device-bound program on a device without
+// stamps gains nothing, and on Linux 6.18 a device-bound program still
+// alive when its netdev is unregistered (a namespace deleted, a veth
+// removed) can oops the kernel in __bpf_prog_offload_destroy with RTNL
+// held, wedging every later netlink call until reboot; so it is loaded
+// only where it serves a purpose (docs/operations.md, "Kernel hazard").
+func deviceStamps(cfg Config) bool {
+	if cfg.HWTimestamps == tsconv.ModeDisable {
+		return false
+	}
+	info, err := phc.Discover(cfg.Interface)
+	return err == nil && info.RXHardware()
+}
+
 // hwClock is a ring's hardware timestamp conversion: the converter in the
 // effective mode and, in sync mode, the PHC it samples.
 type hwClock struct {

@@ -42,13 +42,14 @@ func TestRXTimestampsOnVeth(t *testing.T) {
 			if path.name != "afxdp" {
 				return
 			}
-			// The timestamping XDP program ran and its metadata reached
-			// the provider, although veth gives no stamp.
-			if !l.r.Program().RXTimestamps() {
-				t.Fatalf("timestamping XDP program not attached: %v", l.r.Program().RXTimestampsRefused())
+			// veth stamps nothing in hardware, so the ring keeps the plain
+			// program: a device-bound one would gain nothing and risks the
+			// 6.18 unregister oops (deviceStamps).
+			if l.r.Program().RXTimestamps() {
+				t.Fatal("device-bound timestamping program attached on veth, which has no hardware stamps")
 			}
-			if frames, stamped := ring.RXMetadataStats(l.r); frames < n || stamped != 0 {
-				t.Fatalf("provider saw metadata on %d frames (%d stamped), want >= %d and 0", frames, stamped, n)
+			if frames, _ := ring.RXMetadataStats(l.r); frames != 0 {
+				t.Fatalf("provider read metadata on %d frames without the timestamping program", frames)
 			}
 		})
 	}

@@ -243,7 +243,7 @@ func Open(cfg Config) (_ *Ring, err error) {
 	}
 	pc := PathConfig{Interface: cfg.Interface, Ifindex: r.ifindex, Queue: cfg.Queue,
 		MAC: r.mac, MTU: r.mtu, NS: r.ns, Frames: cfg.Frames, FrameSize: cfg.FrameSize, Copy: cfg.Copy,
-		XDPMode: cfg.XDPMode, DeviceMemory: cfg.DevMemTX, HWTimestamps: cfg.HWTimestamps != tsconv.ModeDisable,
+		XDPMode: cfg.XDPMode, DeviceMemory: cfg.DevMemTX, HWTimestamps: deviceStamps(cfg),
 		Log: r.log}
 	if err = r.openPaths(pc); err != nil {
 		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
