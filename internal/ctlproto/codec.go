@@ -95,7 +95,11 @@ const (
 	CodeZeroStats   Code = 11
 	// CodeQuery asks the daemon for a read-only JSON document on a topic
 	// (bypassctl); the reply carries the document in a sealed memfd.
-	CodeQuery    Code = 12
+	CodeQuery Code = 12
+	// CodeTakeover is a new bypassd asking the running one to hand it
+	// everything (live upgrade, package daemon/takeover); after a
+	// successful reply the connection carries the takeover stream.
+	CodeTakeover Code = 13
 	CodeShutdown Code = 16
 	// CodeSocketError tells a client that one of its sockets is dead (its
 	// interface vanished); the daemon has released it already.
@@ -116,6 +120,7 @@ var codeNames = map[Code]string{
 	CodeSetLogLevel: "SET_LOG_LEVEL",
 	CodeZeroStats:   "ZERO_STATS",
 	CodeQuery:       "QUERY",
+	CodeTakeover:    "TAKEOVER",
 	CodeShutdown:    "SHUTDOWN",
 	CodeSocketError: "SOCKET_ERROR",
 }
@@ -295,28 +300,43 @@ type QueryReply struct {
 	Size uint64
 }
 
+// Takeover is the TAKEOVER request body: the state document versions the
+// new daemon can read.
+type Takeover struct {
+	MinState, MaxState uint16
+}
+
+// TakeoverReply is the TAKEOVER reply body: the state document version
+// the running daemon will write, and its pid.
+type TakeoverReply struct {
+	State     uint16
+	DaemonPID uint32
+}
+
 // Empty is the body of CLOSE requests, of replies without a body and of
 // every failed reply.
 type Empty struct{}
 
-func (Hello) isMessage()        {}
-func (HelloReply) isMessage()   {}
-func (Open) isMessage()         {}
-func (OpenReply) isMessage()    {}
-func (Bind) isMessage()         {}
-func (BindReply) isMessage()    {}
-func (Connect) isMessage()      {}
-func (SetSockOpt) isMessage()   {}
-func (GetSockOpt) isMessage()   {}
-func (SockOptValue) isMessage() {}
-func (Group) isMessage()        {}
-func (Shutdown) isMessage()     {}
-func (SocketError) isMessage()  {}
-func (LogLevel) isMessage()     {}
-func (ZeroStats) isMessage()    {}
-func (Query) isMessage()        {}
-func (QueryReply) isMessage()   {}
-func (Empty) isMessage()        {}
+func (Hello) isMessage()         {}
+func (HelloReply) isMessage()    {}
+func (Open) isMessage()          {}
+func (OpenReply) isMessage()     {}
+func (Bind) isMessage()          {}
+func (BindReply) isMessage()     {}
+func (Connect) isMessage()       {}
+func (SetSockOpt) isMessage()    {}
+func (GetSockOpt) isMessage()    {}
+func (SockOptValue) isMessage()  {}
+func (Group) isMessage()         {}
+func (Shutdown) isMessage()      {}
+func (SocketError) isMessage()   {}
+func (LogLevel) isMessage()      {}
+func (ZeroStats) isMessage()     {}
+func (Query) isMessage()         {}
+func (QueryReply) isMessage()    {}
+func (Takeover) isMessage()      {}
+func (TakeoverReply) isMessage() {}
+func (Empty) isMessage()         {}
 
 // Body sizes in bytes.
 const (
@@ -335,6 +355,8 @@ const (
 	lenZeroStats    = 8
 	lenQuery        = TopicMax
 	lenQueryReply   = 8
+	lenTakeover     = 8
+	lenTakeoverRepl = 8
 )
 
 // NewHello returns a HELLO body offering exactly this package's Version,
@@ -416,7 +438,7 @@ func checkHeader(h Header) error {
 	}
 	switch h.Code {
 	case CodeHello, CodeHello | ReplyBit, CodeOpen, CodeShutdown, CodeSetLogLevel, CodeSetLogLevel | ReplyBit,
-		CodeZeroStats, CodeZeroStats | ReplyBit, CodeQuery, CodeQuery | ReplyBit:
+		CodeZeroStats, CodeZeroStats | ReplyBit, CodeQuery, CodeQuery | ReplyBit, CodeTakeover, CodeTakeover | ReplyBit:
 		if h.Socket != 0 {
 			return fmt.Errorf("socket id %d must be 0 for %v", h.Socket, h.Code)
 		}
@@ -631,6 +653,28 @@ func appendBody(b []byte, h Header, body Message) ([]byte, error) {
 			return b, wrongBody(h, body)
 		}
 		return le.AppendUint64(b, m.Size), nil
+	case CodeTakeover:
+		m, ok := as[Takeover](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		if err := checkTakeover(m); err != nil {
+			return b, err
+		}
+		b = le.AppendUint16(b, m.MinState)
+		b = le.AppendUint16(b, m.MaxState)
+		return le.AppendUint32(b, 0), nil
+	case CodeTakeover | ReplyBit:
+		m, ok := as[TakeoverReply](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		if m.State == 0 {
+			return b, fmt.Errorf("state version 0")
+		}
+		b = le.AppendUint16(b, m.State)
+		b = le.AppendUint16(b, 0)
+		return le.AppendUint32(b, m.DaemonPID), nil
 	case CodeClose, CodeConnect | ReplyBit, CodeSetSockOpt | ReplyBit, CodeJoin | ReplyBit,
 		CodeLeave | ReplyBit, CodeClose | ReplyBit:
 		if !isEmpty(body) {
@@ -685,6 +729,13 @@ func checkHello(m Hello) error {
 	}
 	if strings.IndexByte(m.Name, 0) >= 0 {
 		return fmt.Errorf("program name contains a NUL byte (use NewHello)")
+	}
+	return nil
+}
+
+func checkTakeover(m Takeover) error {
+	if m.MinState == 0 || m.MinState > m.MaxState {
+		return fmt.Errorf("state version range %d..%d is empty or starts at 0", m.MinState, m.MaxState)
 	}
 	return nil
 }

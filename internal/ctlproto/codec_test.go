@@ -70,6 +70,8 @@ func samples() []sample {
 		{"query", Header{Code: CodeQuery, ReqID: 13}, &Query{Topic: "rings"}},
 		{"query-fulltopic", Header{Code: CodeQuery, ReqID: 13}, &Query{Topic: strings.Repeat("a-9", TopicMax/3) + "zz"}},
 		{"query-reply", Header{Code: CodeQuery | ReplyBit, ReqID: 13}, &QueryReply{Size: 1234}},
+		{"takeover", Header{Code: CodeTakeover, ReqID: 14}, &Takeover{MinState: 1, MaxState: 3}},
+		{"takeover-reply", Header{Code: CodeTakeover | ReplyBit, ReqID: 14}, &TakeoverReply{State: 2, DaemonPID: 4321}},
 		{"error-reply", Header{Code: CodeBind | ReplyBit, ReqID: 3, Socket: 7, Status: unix.EADDRINUSE}, &Empty{}},
 		{"error-reply-unknown-code", Header{Code: 0x63 | ReplyBit, ReqID: 10, Status: unix.ENOSYS}, &Empty{}},
 		{"error-reply-open", Header{Code: CodeOpen | ReplyBit, ReqID: 2, Status: unix.EMFILE}, &Empty{}},
@@ -138,6 +140,10 @@ func TestLayout(t *testing.T) {
 			"0c00" + "0100" + "08000000" + "00000000" + "00000000" + "72696e6773" + strings.Repeat("00", 27)},
 		{Header{Code: CodeQuery | ReplyBit, ReqID: 8}, QueryReply{Size: 0x1234},
 			"0c80" + "0100" + "08000000" + "00000000" + "00000000" + "3412000000000000"},
+		{Header{Code: CodeTakeover, ReqID: 9}, Takeover{MinState: 1, MaxState: 2},
+			"0d00" + "0100" + "09000000" + "00000000" + "00000000" + "0100" + "0200" + "00000000"},
+		{Header{Code: CodeTakeover | ReplyBit, ReqID: 9}, TakeoverReply{State: 1, DaemonPID: 0x1234},
+			"0d80" + "0100" + "09000000" + "00000000" + "00000000" + "0100" + "0000" + "34120000"},
 	}
 	for _, c := range cases {
 		b, err := Marshal(nil, c.h, c.body)
@@ -200,6 +206,9 @@ func TestMarshalRefuses(t *testing.T) {
 		{"long topic", Header{Code: CodeQuery}, Query{Topic: strings.Repeat("a", TopicMax+1)}},
 		{"uppercase topic", Header{Code: CodeQuery}, Query{Topic: "Rings"}},
 		{"socket in query", Header{Code: CodeQuery, Socket: 2}, Query{Topic: "rings"}},
+		{"takeover state 0", Header{Code: CodeTakeover}, Takeover{MaxState: 1}},
+		{"takeover empty range", Header{Code: CodeTakeover}, Takeover{MinState: 2, MaxState: 1}},
+		{"takeover reply state 0", Header{Code: CodeTakeover | ReplyBit}, TakeoverReply{DaemonPID: 1}},
 		{"bad family", Header{Code: CodeOpen}, Open{Family: 1, Type: TypeDgram}},
 		{"bad type", Header{Code: CodeOpen}, Open{Family: FamilyInet, Type: unix.SOCK_STREAM}},
 		{"queue not pow2", Header{Code: CodeOpen}, Open{Family: FamilyInet, Type: TypeDgram, QueueBytes: 5000}},

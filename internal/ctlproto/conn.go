@@ -365,6 +365,28 @@ func (c *Conn) PeerCred() (*unix.Ucred, error) {
 	return cred, nil
 }
 
+// Detach ends c's use of the connection without ending the connection: it
+// returns a new descriptor of the socket (close-on-exec, owned by the
+// caller) and closes c's. A live upgrade hands connections to the new
+// daemon this way; the peer notices nothing. Call it when no Recv or Send
+// is pending.
+func (c *Conn) Detach() (int, error) {
+	var nfd int
+	var derr error
+	err := c.rc.Control(func(fd uintptr) {
+		nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+	})
+	if err == nil {
+		err = derr
+	}
+	if err != nil {
+		return -1, fmt.Errorf("ctlproto: detach: %w", connError(&c.closed, err))
+	}
+	c.closed.Store(true)
+	_ = c.f.Close()
+	return nfd, nil
+}
+
 // Close closes the connection, unblocking a pending Recv or Send. The peer
 // sees end of stream.
 func (c *Conn) Close() error {

@@ -105,6 +105,37 @@ func Listen(path string, mode os.FileMode, gid int) (*Listener, error) {
 	return &Listener{path: path, f: f, rc: rc, dev: st.Dev, ino: st.Ino}, nil
 }
 
+// ListenerFromFD wraps fd, a listening AF_UNIX SOCK_SEQPACKET socket bound
+// at path that another process handed over (live upgrade), and takes
+// ownership of it. Close removes the socket file if it is still the one
+// bound now.
+func ListenerFromFD(fd int, path string) (*Listener, error) {
+	if err := checkSocket(fd); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("ctlproto: adopt listener %s: %w", path, err)
+	}
+	if ok, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || ok == 0 {
+		unix.Close(fd)
+		return nil, fmt.Errorf("ctlproto: adopt listener %s: the descriptor is not a listening socket", path)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("ctlproto: adopt listener %s: %w", path, err)
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("ctlproto: adopt listener %s: set non-blocking: %w", path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("ctlproto: adopt listener %s: %w", path, err)
+	}
+	return &Listener{path: path, f: f, rc: rc, dev: st.Dev, ino: st.Ino}, nil
+}
+
 // lockDir takes an exclusive flock on dir, released by the returned func.
 func lockDir(dir string) (func(), error) {
 	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -197,6 +228,30 @@ func (l *Listener) Accept() (*Conn, error) {
 		return nil, fmt.Errorf("ctlproto: accept on %s: %w", l.path, connError(&l.closed, err))
 	}
 	return NewConn(nfd)
+}
+
+// Detach stops this Listener without closing the listening socket or
+// removing its file: it returns a new descriptor of the socket (owned by
+// the caller) for another process to accept on (live upgrade). Accept
+// returns net.ErrClosed afterwards; connections that arrive meanwhile wait
+// in the backlog.
+func (l *Listener) Detach() (int, error) {
+	var nfd int
+	var derr error
+	err := l.rc.Control(func(fd uintptr) {
+		nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+	})
+	if err == nil {
+		err = derr
+	}
+	if err != nil {
+		return -1, fmt.Errorf("ctlproto: detach listener %s: %w", l.path, err)
+	}
+	l.closeOnce.Do(func() {
+		l.closed.Store(true)
+		_ = l.f.Close()
+	})
+	return nfd, nil
 }
 
 // Close stops accepting (unblocking Accept) and removes the socket file if

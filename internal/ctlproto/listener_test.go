@@ -341,3 +341,72 @@ func dialAsNobody(path string) (*Conn, error) {
 	r := <-ch
 	return r.c, r.err
 }
+
+// TestDetachHandsOver: a detached listener and connection keep working
+// through the returned descriptors (live upgrade), the socket file stays,
+// and the peer notices nothing.
+func TestDetachHandsOver(t *testing.T) {
+	path := sockPath(t)
+	l, err := Listen(path, 0o600, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	srv, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lfd, err := l.Detach()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept after Detach: %v, want net.ErrClosed", err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("socket file gone after Detach: %v", err)
+	}
+	cfd, err := srv.Detach()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := ListenerFromFD(lfd, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2, err := NewConn(cfd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv2.Close()
+	if err := client.Send(Header{Code: CodeHello, ReqID: 3}, NewHello("x")); err != nil {
+		t.Fatal(err)
+	}
+	if h, _, _, err := srv2.Recv(); err != nil || h.ReqID != 3 {
+		t.Fatalf("adopted connection: %v %v", h, err)
+	}
+	c2, err := Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	s3, err := l2.Accept()
+	if err != nil {
+		t.Fatalf("adopted listener: %v", err)
+	}
+	s3.Close()
+	if err := l2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("socket file left after Close of the adopted listener: %v", err)
+	}
+	fd, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if _, err := ListenerFromFD(fd, path); err == nil {
+		t.Fatal("ListenerFromFD accepted an eventfd")
+	}
+}

@@ -86,6 +86,10 @@ func bodyLen(h Header) int {
 		return lenQuery
 	case CodeQuery | ReplyBit:
 		return lenQueryReply
+	case CodeTakeover:
+		return lenTakeover
+	case CodeTakeover | ReplyBit:
+		return lenTakeoverRepl
 	}
 	return 0
 }
@@ -204,6 +208,21 @@ func decodeBody(h Header, b []byte) (Message, error) {
 		return m, CheckTopic(m.Topic)
 	case CodeQuery | ReplyBit:
 		return &QueryReply{Size: le.Uint64(b[0:])}, nil
+	case CodeTakeover:
+		if r := le.Uint32(b[4:]); r != 0 {
+			return nil, fmt.Errorf("reserved field %#x (must be 0)", r)
+		}
+		m := &Takeover{MinState: le.Uint16(b[0:]), MaxState: le.Uint16(b[2:])}
+		return m, checkTakeover(*m)
+	case CodeTakeover | ReplyBit:
+		if r := le.Uint16(b[2:]); r != 0 {
+			return nil, fmt.Errorf("reserved field %#x (must be 0)", r)
+		}
+		m := &TakeoverReply{State: le.Uint16(b[0:]), DaemonPID: le.Uint32(b[4:])}
+		if m.State == 0 {
+			return nil, fmt.Errorf("state version 0")
+		}
+		return m, nil
 	case CodeClose, CodeZeroStats | ReplyBit, CodeConnect | ReplyBit, CodeSetSockOpt | ReplyBit, CodeJoin | ReplyBit,
 		CodeLeave | ReplyBit, CodeClose | ReplyBit:
 		return &Empty{}, nil
