@@ -158,7 +158,9 @@ func TestRateLimits(t *testing.T) {
 }
 
 // burst is what a bucket of kbps holds when full, in bytes.
-func burst(kbps int64) int64 { return max(kbps*bucketTime, minBurst*microbitsPerByte) / microbitsPerByte }
+func burst(kbps int64) int64 {
+	return max(kbps*bucketTime, minBurst*microbitsPerByte) / microbitsPerByte
+}
 
 func TestNextReady(t *testing.T) {
 	c := allETS(100)
