@@ -21,7 +21,7 @@ const (
 // matches any source; a 5-tuple flow for the same destination takes
 // precedence over it.
 type Flow struct {
-	Proto uint8          // unix.IPPROTO_UDP; the only protocol the program steers today
+	Proto uint8          // unix.IPPROTO_UDP or unix.IPPROTO_TCP
 	Dst   netip.AddrPort // required: local address and port
 	Src   netip.AddrPort // zero value = 3-tuple (any source)
 }
@@ -29,8 +29,11 @@ type Flow struct {
 // String renders the flow for errors and logs, e.g. "udp 10.0.0.1:53 from any".
 func (f Flow) String() string {
 	proto := fmt.Sprintf("proto %d", f.Proto)
-	if f.Proto == unix.IPPROTO_UDP {
+	switch f.Proto {
+	case unix.IPPROTO_UDP:
 		proto = "udp"
+	case unix.IPPROTO_TCP:
+		proto = "tcp"
 	}
 	src := "any"
 	if f.Src.IsValid() {
@@ -70,9 +73,9 @@ const (
 // key validates f and encodes it as the program's map key.
 func (f Flow) key() (flowKey, error) {
 	var k flowKey
-	if f.Proto != unix.IPPROTO_UDP {
-		return k, fmt.Errorf("bpf: flow %s: protocol %d is not steered by this program, use unix.IPPROTO_UDP (%d)",
-			f, f.Proto, unix.IPPROTO_UDP)
+	if f.Proto != unix.IPPROTO_UDP && f.Proto != unix.IPPROTO_TCP {
+		return k, fmt.Errorf("bpf: flow %s: protocol %d is not steered by this program, use unix.IPPROTO_UDP (%d) or unix.IPPROTO_TCP (%d)",
+			f, f.Proto, unix.IPPROTO_UDP, unix.IPPROTO_TCP)
 	}
 	if !f.Dst.IsValid() || f.Dst.Port() == 0 {
 		return k, fmt.Errorf("bpf: flow %s: destination address and port are required", f)

@@ -129,7 +129,7 @@ func TestFlowKeyRejects(t *testing.T) {
 		want string
 	}{
 		{"zero proto", Flow{Dst: dst}, "IPPROTO_UDP"},
-		{"tcp", Flow{Proto: unix.IPPROTO_TCP, Dst: dst}, "protocol 6"},
+		{"icmp", Flow{Proto: unix.IPPROTO_ICMP, Dst: dst}, "protocol 1"},
 		{"no dst", Flow{Proto: unix.IPPROTO_UDP}, "destination address and port are required"},
 		{"dst port 0", Flow{Proto: unix.IPPROTO_UDP, Dst: netip.MustParseAddrPort("10.0.0.1:0")}, "required"},
 		{"unspecified dst", Flow{Proto: unix.IPPROTO_UDP, Dst: netip.MustParseAddrPort("0.0.0.0:53")}, "concrete"},

@@ -260,3 +260,78 @@ func TestMalformed(t *testing.T) {
 		t.Fatalf("%d malformed frames reached the AF_XDP socket", len(got))
 	}
 }
+
+// tcpSegment returns a 20-byte TCP header (SYN) and payload; the program
+// reads only the ports, so the checksum stays 0.
+func tcpSegment(sport, dport uint16, payload []byte) []byte {
+	s := binary.BigEndian.AppendUint16(nil, sport)
+	s = binary.BigEndian.AppendUint16(s, dport)
+	s = append(s, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xff, 0xff, 0, 0, 0, 0)
+	return append(s, payload...)
+}
+
+// TestTCPSteering checks TCP flows: a 3-tuple entry steers every segment
+// to its port, a 5-tuple entry only its connection's, the protocol is part
+// of the key (UDP to the same port stays with the kernel), and fragmented
+// or truncated TCP goes to the kernel.
+func TestTCPSteering(t *testing.T) {
+	t.Parallel()
+	lab := netlab.NewPair(t, netlab.Options{})
+	p := attachIn(t, lab.A, Options{Mode: ModeNative})
+	x := newTestXSK(t, lab.A.NS, lab.A.Index)
+	if err := p.SetSocket(0, x.fd); err != nil {
+		t.Fatal(err)
+	}
+	const listen, local, remote = 8015, 8016, 9015
+	for _, a := range []netip.Addr{lab.A.Addr4(), lab.A.Addr6()} {
+		if err := p.AddFlow(Flow{Proto: unix.IPPROTO_TCP, Dst: netip.AddrPortFrom(a, listen)}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn := Flow{Proto: unix.IPPROTO_TCP, Dst: netip.AddrPortFrom(lab.A.Addr4(), local), Src: netip.AddrPortFrom(lab.B.Addr4(), remote)}
+	if err := p.AddFlow(conn, 0); err != nil {
+		t.Fatal(err)
+	}
+	b := frameBuilder{lab}
+	tcp4 := func(sport, dport uint16, payload string) []byte {
+		s := tcpSegment(sport, dport, []byte(payload))
+		return b.eth(nil, 0x0800, append(b.ipv4(0x45, unix.IPPROTO_TCP, 20+len(s)), s...)...)
+	}
+	tcp6 := func(sport, dport uint16, payload string) []byte {
+		s := tcpSegment(sport, dport, []byte(payload))
+		return b.eth(nil, 0x86dd, append(b.ipv6(unix.IPPROTO_TCP, len(s)), s...)...)
+	}
+	for _, f := range [][]byte{tcp4(40000, listen, "listen4"), tcp6(40000, listen, "listen6"), tcp4(remote, local, "conn")} {
+		before := counters(t, p)
+		inject(t, lab, f)
+		got := x.waitFrames(t, 1)[0]
+		if !bytes.Equal(got, f) {
+			t.Fatalf("AF_XDP frame %x, want %x", got, f)
+		}
+		if d := counters(t, p).sub(before); d.Redirected != 1 {
+			t.Fatalf("counter delta %+v, want Redirected 1", d)
+		}
+	}
+
+	// Not ours: another source port of the 5-tuple's port, UDP to the
+	// listening port, a first fragment of TCP, a cut TCP header (malformed).
+	u := udpDatagram(40000, listen, nil)
+	frag := b.ipv4(0x45, unix.IPPROTO_TCP, 20+20)
+	frag[6] = 0x20 // MF
+	seg := tcpSegment(40000, listen, nil)
+	passed := [][]byte{
+		tcp4(remote+1, local, "other source"),
+		b.eth(nil, 0x0800, append(b.ipv4(0x45, unix.IPPROTO_UDP, 20+len(u)), u...)...),
+		b.eth(nil, 0x0800, append(frag, seg...)...),
+	}
+	cut := b.eth(nil, 0x0800, append(b.ipv4(0x45, unix.IPPROTO_TCP, 20+12), seg[:12]...)...)
+	before := counters(t, p)
+	inject(t, lab, append(passed, cut, tcp4(40001, listen, "sync"))...)
+	frames := x.waitFrames(t, 1)
+	if len(frames) != 1 || !bytes.HasSuffix(frames[0], []byte("sync")) {
+		t.Fatalf("AF_XDP socket got %d frames, want only the last one", len(frames))
+	}
+	if d := counters(t, p).sub(before); d.Passed != uint64(len(passed)) || d.Malformed != 1 || d.Redirected != 1 {
+		t.Fatalf("counter delta %+v, want %d passed, 1 malformed, 1 redirected", d, len(passed))
+	}
+}

@@ -100,6 +100,7 @@ extern int bpf_xdp_metadata_rx_timestamp(const struct xdp_md *ctx,
 #define ETH_P_8021AD 0x88A8
 
 #define IPPROTO_HOPOPTS 0
+#define IPPROTO_TCP 6
 #define IPPROTO_UDP 17
 #define IPPROTO_ROUTING 43
 #define IPPROTO_FRAGMENT 44

@@ -5,9 +5,12 @@
  * For every frame received on the interface it decides between two
  * outcomes only: redirect into the AF_XDP socket that owns the flow, or
  * XDP_PASS to the kernel stack. It never drops: anything it does not
- * understand (ARP, ICMP, ND, TCP for now, truncated headers, unknown ports)
- * goes to the kernel unchanged, so attaching it cannot break the host's
- * normal networking.
+ * understand (ARP, ICMP, ND, truncated headers, unknown ports, fragmented
+ * TCP) goes to the kernel unchanged, so attaching it cannot break the
+ * host's normal networking. UDP and TCP are steered by the same flow map
+ * (the key's proto tells them apart): a TCP listener's 3-tuple entry takes
+ * every segment to its port (SYNs and its connections), a connecting
+ * socket's 5-tuple entry the segments of that one connection.
  *
  * Two entry points share the code: steer, and steer_ts, the device-bound
  * variant the loader uses when hardware receive timestamps are wanted and
@@ -132,7 +135,7 @@ enum frag_kind {
 };
 
 enum parse_result {
-	PARSE_UDP,       /* key holds a full UDP 5-tuple */
+	PARSE_UDP,       /* key holds a full UDP or TCP 5-tuple */
 	PARSE_LATER_FRAG, /* frag holds the identity of a non-first fragment */
 	PARSE_NOT_OURS,
 	PARSE_MALFORMED,
@@ -175,6 +178,23 @@ static __always_inline int parse_udp(void *cur, void *data_end,
 	return PARSE_UDP;
 }
 
+/* TCP: only unfragmented segments with the whole fixed header are ours;
+ * the stack in the daemon does not reassemble IP fragments. */
+static __always_inline int parse_tcp(void *cur, void *data_end,
+				     struct packet *p)
+{
+	struct udphdr *ports = cur; /* TCP starts with the same two ports */
+
+	if (p->frag_kind != FRAG_NONE)
+		return PARSE_NOT_OURS;
+	if (cur + 20 > data_end)
+		return PARSE_MALFORMED;
+	p->key.proto = IPPROTO_TCP;
+	p->key.dport = ports->dest;
+	p->key.sport = ports->source;
+	return PARSE_UDP;
+}
+
 static __always_inline int parse_ipv4(void *cur, void *data_end,
 				      struct packet *p)
 {
@@ -209,10 +229,12 @@ static __always_inline int parse_ipv4(void *cur, void *data_end,
 		p->frag_kind = FRAG_FIRST;
 	}
 
-	if (iph->protocol != IPPROTO_UDP)
-		return PARSE_NOT_OURS;
 	/* IHL is 4 bits, so the variable offset stays bounded (<= 60) for the
 	 * verifier; options are skipped, not interpreted. */
+	if (iph->protocol == IPPROTO_TCP)
+		return parse_tcp(cur + ihl * 4, data_end, p);
+	if (iph->protocol != IPPROTO_UDP)
+		return PARSE_NOT_OURS;
 	return parse_udp(cur + ihl * 4, data_end, p);
 }
 
@@ -274,6 +296,8 @@ static __always_inline int parse_ipv6(void *cur, void *data_end,
 		}
 	}
 
+	if (nexthdr == IPPROTO_TCP)
+		return parse_tcp(cur, data_end, p);
 	if (nexthdr != IPPROTO_UDP)
 		return PARSE_NOT_OURS; /* includes chains longer than we walk */
 	return parse_udp(cur, data_end, p);
