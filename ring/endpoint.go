@@ -520,7 +520,12 @@ func (r *Ring) udpFlow(dst netip.AddrPort) qp.Flow {
 // already use it (reuse-address binds, common groups). Holds r.mu.
 func (r *Ring) addFlowLocked(f qp.Flow) error {
 	if r.flowRefs[f] == 0 {
-		steers := r.steeringsLocked()
+		var steers []qp.Steering
+		for _, s := range r.steeringsLocked() {
+			if carries(s, f) {
+				steers = append(steers, s)
+			}
+		}
 		for i, s := range steers {
 			if err := s.AddFlow(f); err != nil {
 				for _, added := range steers[:i] {
@@ -563,13 +568,19 @@ func (r *Ring) delFlowsLocked(flows []qp.Flow) {
 		return
 	}
 	for _, s := range r.steeringsLocked() {
-		if bd, ok := s.(flowsDeleter); ok && len(gone) > 1 {
-			if err := bd.DeleteFlows(gone); err != nil {
-				r.log.Warn("delete steering entries failed", zap.Int("flows", len(gone)), zap.Error(err))
+		var mine []qp.Flow
+		for _, f := range gone {
+			if carries(s, f) {
+				mine = append(mine, f)
+			}
+		}
+		if bd, ok := s.(flowsDeleter); ok && len(mine) > 1 {
+			if err := bd.DeleteFlows(mine); err != nil {
+				r.log.Warn("delete steering entries failed", zap.Int("flows", len(mine)), zap.Error(err))
 			}
 			continue
 		}
-		for _, f := range gone {
+		for _, f := range mine {
 			if err := s.DeleteFlow(f); err != nil {
 				r.log.Warn("delete steering entry failed", zap.Stringer("flow", f), zap.Error(err))
 			}

@@ -48,6 +48,10 @@ type Stats struct {
 	// allowance makes up for (rate lost); PacedQueues is the number of
 	// paced endpoints now (a gauge).
 	TXPaced, TXPaceWaits, TXPaceLate, PacedQueues atomic.Uint64
+	// TCPRXPackets and TCPRXBytes count TCP frames handed to the ring's
+	// TCP stack (IP bytes); TCPTXPackets and TCPTXBytes the stack's
+	// packets sent.
+	TCPRXPackets, TCPRXBytes, TCPTXPackets, TCPTXBytes atomic.Uint64
 }
 
 // Stats returns the ring's counters.
@@ -259,7 +263,7 @@ func (e *engine) sleep(t *table) error {
 		}
 	}
 	timeout := e.paceTimeout(time.Second)
-	if pending || len(e.backlog) > 0 || r.prov.TXPending() > 0 {
+	if pending || len(e.backlog) > 0 || r.prov.TXPending() > 0 || e.tcpPending() {
 		timeout = 0
 	}
 	if timeout > 0 {
@@ -330,6 +334,13 @@ func (e *engine) receive() int {
 				pkts++
 				bytes += uint64(len(payload))
 			}
+		case packet.KindOther:
+			if f.Proto == packet.ProtoTCP && e.tcpReceive(e.rx[i].Buf) {
+				r.stats.TCPRXPackets.Add(1)
+				r.stats.TCPRXBytes.Add(uint64(len(e.rx[i].Buf)))
+				continue
+			}
+			r.stats.RXMalformed.Add(1)
 		default:
 			r.stats.RXMalformed.Add(1)
 		}
@@ -435,6 +446,11 @@ func (e *engine) transmit(t *table) (int, error) {
 		}
 	}
 	e.publishTouched() // multicast loopback copies
+	n, err := e.tcpTransmit()
+	work += n
+	if err != nil {
+		return work, err
+	}
 	if len(e.tx) > 0 {
 		e.backlog = append(e.backlog, e.tx...)
 		e.tx = e.tx[:0]
@@ -591,31 +607,16 @@ func (e *engine) post() error {
 func (e *engine) template(ep *Endpoint, dst netip.AddrPort) (*packet.Template, *dest, bool) {
 	key := tmplKey{ep: ep, dst: dst}
 	opts := ep.opts.Load()
-	d := e.dests[dst.Addr()]
-	if te, ok := e.tmpls[key]; ok && d != nil && te.opts == opts {
-		return te.tmpl, d, true
-	}
-	if d == nil {
-		if len(e.dests) >= maxDests {
-			// Bounded memory for a server answering many peers: start
-			// over; entries are rebuilt on demand.
-			clear(e.dests)
-			clear(e.tmpls)
+	if te, ok := e.tmpls[key]; ok && te.opts == opts {
+		if d := e.dests[dst.Addr()]; d != nil {
+			return te.tmpl, d, true
 		}
-		d = &dest{state: destResolving, ipID: rand.Uint32()}
-		e.dests[dst.Addr()] = d
-		e.startResolve(dst.Addr())
+	}
+	d, ok := e.nextHop(dst.Addr())
+	if !ok {
 		return nil, nil, false
 	}
-	switch d.state {
-	case destResolving:
-		return nil, nil, false
-	case destFailed:
-		if time.Now().After(d.retryAt) {
-			d.state = destResolving
-			e.startResolve(dst.Addr())
-			return nil, nil, false
-		}
+	if d.state == destFailed {
 		return nil, d, true
 	}
 	src := ep.local
@@ -636,6 +637,37 @@ func (e *engine) template(ep *Endpoint, dst netip.AddrPort) (*packet.Template, *
 	}
 	e.tmpls[key] = tmplEntry{tmpl: tmpl, opts: opts}
 	return tmpl, d, true
+}
+
+// nextHop returns the destination state of addr, starting a resolution
+// when it is unknown or its failure is old. ok=false: being resolved (try
+// later; the resolution wakes the engine); otherwise d is ready or failed
+// (unreachable).
+func (e *engine) nextHop(addr netip.Addr) (d *dest, ok bool) {
+	d = e.dests[addr]
+	if d == nil {
+		if len(e.dests) >= maxDests {
+			// Bounded memory for a server answering many peers: start
+			// over; entries are rebuilt on demand.
+			clear(e.dests)
+			clear(e.tmpls)
+		}
+		d = &dest{state: destResolving, ipID: rand.Uint32()}
+		e.dests[addr] = d
+		e.startResolve(addr)
+		return nil, false
+	}
+	switch d.state {
+	case destResolving:
+		return nil, false
+	case destFailed:
+		if time.Now().After(d.retryAt) {
+			d.state = destResolving
+			e.startResolve(addr)
+			return nil, false
+		}
+	}
+	return d, true
 }
 
 func (e *engine) startResolve(addr netip.Addr) {

@@ -186,6 +186,8 @@ type Ring struct {
 
 	stats Stats
 	eng   engine
+	// tcp is the ring's TCP stack (tcp.go), created on first use.
+	tcp tcpState
 }
 
 // Open creates the ring for cfg.Interface and cfg.Queue: opens the
@@ -359,6 +361,7 @@ func (r *Ring) Close() error {
 	for _, ep := range eps {
 		_ = ep.Close()
 	}
+	r.closeTCP()
 	r.stop.Store(true)
 	r.cancel()
 	r.doorbell.Wake()

@@ -11,8 +11,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -318,4 +321,72 @@ func (ns *NS) ListenUDP(tb testing.TB, addr netip.AddrPort) *net.UDPConn {
 	}
 	tb.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// ListenTCP opens an ordinary kernel TCP listener on addr inside ns, for a
+// test's peer; it is closed when the test ends.
+func (ns *NS) ListenTCP(tb testing.TB, addr netip.AddrPort) *net.TCPListener {
+	tb.Helper()
+	var l *net.TCPListener
+	err := ns.Do(func() error {
+		var err error
+		l, err = net.ListenTCP("tcp", net.TCPAddrFromAddrPort(addr))
+		return err
+	})
+	if err != nil {
+		tb.Fatalf("kernel TCP listener %v in %s: %v", addr, ns.Name, err)
+	}
+	tb.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+// DialTCP connects an ordinary kernel TCP socket from inside ns to addr.
+func (ns *NS) DialTCP(addr netip.AddrPort, timeout time.Duration) (*net.TCPConn, error) {
+	var c *net.TCPConn
+	err := ns.Do(func() error {
+		d := net.Dialer{Timeout: timeout}
+		conn, err := d.Dial("tcp", addr.String())
+		if err != nil {
+			return err
+		}
+		c = conn.(*net.TCPConn)
+		return nil
+	})
+	return c, err
+}
+
+// TCPStat reads a counter of the Tcp line of ns's /proc/net/snmp (for
+// example "ActiveOpens", "PassiveOpens", "OutSegs"): the kernel's own TCP
+// work in that namespace, IPv4 and IPv6 together.
+func (ns *NS) TCPStat(tb testing.TB, field string) uint64 {
+	tb.Helper()
+	var val uint64
+	err := ns.Do(func() error {
+		b, err := os.ReadFile("/proc/thread-self/net/snmp")
+		if err != nil {
+			return err
+		}
+		var names []string
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 0 || f[0] != "Tcp:" {
+				continue
+			}
+			if names == nil {
+				names = f
+				continue
+			}
+			for i, n := range names {
+				if n == field && i < len(f) {
+					val, err = strconv.ParseUint(f[i], 10, 64)
+					return err
+				}
+			}
+		}
+		return fmt.Errorf("Tcp %s not in /proc/net/snmp", field)
+	})
+	if err != nil {
+		tb.Fatalf("read TCP counter %s in %s: %v", field, ns.Name, err)
+	}
+	return val
 }

@@ -45,6 +45,7 @@ const (
 const (
 	ProtoICMP     = 1
 	ProtoUDP      = 17
+	ProtoTCP      = 6
 	ProtoIPv6Frag = 44
 	ProtoICMPv6   = 58
 )

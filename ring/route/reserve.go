@@ -18,8 +18,11 @@ import (
 // just fills it and the kernel drops the rest.
 const reserveRcvBuf = 4096
 
-// Reservation is an ordinary kernel UDP socket bound to a port that a ring
-// serves, so that the kernel never hands the port to someone else.
+// Reservation is an ordinary kernel UDP or TCP socket bound to a port that
+// a ring serves, so that the kernel never hands the port to someone else.
+// A TCP reservation is bound and never listens: a SYN that reaches the
+// kernel for it is answered with a reset, the kernel never accepts a
+// connection on our port.
 type Reservation struct {
 	network string
 	addr    netip.AddrPort
@@ -58,20 +61,25 @@ func ReservePort(ns netns.NsHandle, network string, addr netip.AddrPort, opts ..
 	}
 	ip := addr.Addr()
 	var family int
+	sockType, proto := unix.SOCK_DGRAM, unix.IPPROTO_UDP
 	switch network {
-	case "udp4":
+	case "tcp4", "tcp6":
+		sockType, proto = unix.SOCK_STREAM, unix.IPPROTO_TCP
+	}
+	switch network {
+	case "udp4", "tcp4":
 		family = unix.AF_INET
 		ip = ip.Unmap()
 		if !ip.Is4() {
 			return nil, fmt.Errorf("route: reserve %s %s: not an IPv4 address: %w", network, addr, unix.EINVAL)
 		}
-	case "udp6":
+	case "udp6", "tcp6":
 		family = unix.AF_INET6
 		if !ip.Is6() || ip.Is4In6() {
-			return nil, fmt.Errorf("route: reserve %s %s: not an IPv6 address (use \"udp4\" for IPv4): %w", network, addr, unix.EINVAL)
+			return nil, fmt.Errorf("route: reserve %s %s: not an IPv6 address (use \"udp4\" or \"tcp4\" for IPv4): %w", network, addr, unix.EINVAL)
 		}
 	default:
-		return nil, fmt.Errorf("route: reserve %s: unknown network %q, want \"udp4\" or \"udp6\": %w", addr, network, unix.EINVAL)
+		return nil, fmt.Errorf("route: reserve %s: unknown network %q, want \"udp4\", \"udp6\", \"tcp4\" or \"tcp6\": %w", addr, network, unix.EINVAL)
 	}
 
 	var (
@@ -83,7 +91,7 @@ func ReservePort(ns netns.NsHandle, network string, addr netip.AddrPort, opts ..
 		if err != nil {
 			return err
 		}
-		s, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+		s, err := unix.Socket(family, sockType|unix.SOCK_CLOEXEC, proto)
 		if err != nil {
 			return fmt.Errorf("create socket: %w", err)
 		}

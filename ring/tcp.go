@@ -1,0 +1,643 @@
+package ring
+
+// TCP on a ring: the engine's hooks into the ring's tcpstack.Stack (frames
+// in, packets out), and the steering and kernel port reservations of TCP
+// listeners and connections. The stack is created with the ring's first
+// TCP socket, so a UDP-only ring carries none of it.
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/waiter"
+
+	"github.com/bypassd/bypassd/ring/qp"
+	"github.com/bypassd/bypassd/ring/route"
+	"github.com/bypassd/bypassd/ring/tcpstack"
+	"github.com/bypassd/bypassd/tap"
+)
+
+// tcpState is the ring's TCP state.
+type tcpState struct {
+	mu    sync.Mutex // creating the stack
+	stack atomic.Pointer[tcpstack.Stack]
+	// stalled: the engine left outbound packets queued for a next hop
+	// being resolved (engine-owned).
+	stalled bool
+}
+
+// TCPStack returns the ring's TCP stack, creating it on first use.
+func (r *Ring) TCPStack() (*tcpstack.Stack, error) {
+	if s := r.tcp.stack.Load(); s != nil {
+		return s, nil
+	}
+	r.tcp.mu.Lock()
+	defer r.tcp.mu.Unlock()
+	if s := r.tcp.stack.Load(); s != nil {
+		return s, nil
+	}
+	s, err := tcpstack.New(tcpstack.Config{MTU: r.mtu, Log: r.log, Wake: func() {
+		if r.sleeping.Load() {
+			_ = r.doorbell.Wake()
+		}
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("ring %s/%d: %w", r.cfg.Interface, r.cfg.Queue, err)
+	}
+	r.tcp.stack.Store(s)
+	return s, nil
+}
+
+// TCPStats returns the TCP stack's counters (zero before the first TCP
+// socket).
+func (r *Ring) TCPStats() tcpstack.Stats {
+	if s := r.tcp.stack.Load(); s != nil {
+		return s.Stats()
+	}
+	return tcpstack.Stats{}
+}
+
+// closeTCP aborts every connection (the peers get resets while the engine
+// still runs) and stops the stack.
+func (r *Ring) closeTCP() {
+	r.tcp.mu.Lock()
+	s := r.tcp.stack.Load()
+	r.tcp.mu.Unlock()
+	if s != nil {
+		s.Close()
+	}
+}
+
+// ---- engine hooks ----
+
+// tcpReceive hands a received TCP frame to the stack; false when the ring
+// has no TCP stack (the frame was not ours to take).
+func (e *engine) tcpReceive(frame []byte) bool {
+	s := e.r.tcp.stack.Load()
+	if s == nil {
+		return false
+	}
+	off := ipOffset(frame)
+	if off < 0 {
+		return false
+	}
+	s.Deliver(frame[off:])
+	return true
+}
+
+// ipOffset returns where the IP header starts in an Ethernet frame (after
+// up to two VLAN tags), or -1.
+func ipOffset(frame []byte) int {
+	off := 12
+	for range 3 {
+		if len(frame) < off+2 {
+			return -1
+		}
+		switch binary.BigEndian.Uint16(frame[off:]) {
+		case 0x8100, 0x88a8:
+			off += 4
+		case 0x0800, 0x86dd:
+			return off + 2
+		default:
+			return -1
+		}
+	}
+	return -1
+}
+
+// tcpTransmit builds frames for the stack's outbound packets: next hop
+// from the same cache as UDP, Ethernet header in front. A packet to a next
+// hop being resolved stops the batch (the resolution wakes the engine).
+func (e *engine) tcpTransmit() (int, error) {
+	s := e.r.tcp.stack.Load()
+	if s == nil {
+		return 0, nil
+	}
+	r := e.r
+	e.r.tcp.stalled = false
+	var postErr error
+	n := s.Outbound(func(ip []byte) bool {
+		dst, err := tcpstack.Destination(ip)
+		if err != nil {
+			r.stats.TXErrors.Add(1)
+			return true
+		}
+		d, ok := e.nextHop(dst)
+		if !ok {
+			r.tcp.stalled = true
+			return false
+		}
+		if d.state == destFailed {
+			r.stats.TXUnreachable.Add(1)
+			return true
+		}
+		if len(e.tx) == cap(e.tx) {
+			e.backlog = append(e.backlog, e.tx...)
+			e.tx = e.tx[:0]
+			if postErr = e.post(); postErr != nil || len(e.backlog) > 0 {
+				return false
+			}
+		}
+		base := len(e.tx)
+		l := 14 + len(ip)
+		if e.allocTX(e.tx[base:base+1], l) < 1 {
+			r.stats.TXNoBuffer.Add(1)
+			return false
+		}
+		fr := &e.tx[base : base+1][0]
+		if len(fr.Buf) < l {
+			r.prov.FreeTX(e.tx[base : base+1])
+			r.stats.TXErrors.Add(1)
+			return true
+		}
+		b := fr.Buf[:l]
+		copy(b[0:6], d.next.DstMAC)
+		copy(b[6:12], d.next.SrcMAC)
+		et := uint16(0x0800)
+		if ip[0]>>4 == 6 {
+			et = 0x86dd
+		}
+		binary.BigEndian.PutUint16(b[12:], et)
+		copy(b[14:], ip)
+		fr.Buf = b
+		fr.SendQueue = 0
+		e.tx = e.tx[:base+1]
+		e.stage(e.tx[base:])
+		r.stats.TCPTXPackets.Add(1)
+		r.stats.TCPTXBytes.Add(uint64(len(ip)))
+		return true
+	})
+	return n, postErr
+}
+
+// tcpPending reports whether the stack has packets the engine can send now.
+func (e *engine) tcpPending() bool {
+	s := e.r.tcp.stack.Load()
+	return s != nil && !e.r.tcp.stalled && s.OutboundPending()
+}
+
+// ---- ports and steering ----
+
+// tcpPort is a reserved local TCP port shared by a listener and the
+// connections it accepted: the kernel keeps it for us until the last of
+// them is gone.
+type tcpPort struct {
+	resv *route.Reservation
+	refs atomic.Int32
+}
+
+func (p *tcpPort) ref() *tcpPort { p.refs.Add(1); return p }
+
+func (p *tcpPort) unref() {
+	if p.refs.Add(-1) == 0 {
+		_ = p.resv.Close()
+	}
+}
+
+func (r *Ring) reserveTCP(addr netip.AddrPort) (*tcpPort, error) {
+	network := "tcp6"
+	if addr.Addr().Is4() {
+		network = "tcp4"
+	}
+	resv, err := route.ReservePort(r.ns, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	p := &tcpPort{resv: resv}
+	p.refs.Store(1)
+	return p, nil
+}
+
+// steerTCP steers flows to the ring (all or none).
+func (r *Ring) steerTCP(flows []qp.Flow) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return errRingClosed
+	}
+	for i, f := range flows {
+		if err := r.addFlowLocked(f); err != nil {
+			r.delFlowsLocked(flows[:i])
+			return fmt.Errorf("steer %v: %w", f, err)
+		}
+	}
+	return nil
+}
+
+func (r *Ring) unsteerTCP(flows []qp.Flow) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.delFlowsLocked(flows)
+}
+
+// carries reports whether steering s can carry flow f: the TAP path's tc
+// filters match UDP only, so TCP flows stay on the fast path.
+func carries(s qp.Steering, f qp.Flow) bool {
+	if f.Proto == unix.IPPROTO_TCP {
+		_, isTAP := s.(*tap.Steering)
+		return !isTAP
+	}
+	return true
+}
+
+// addTCPAddrs gives the stack every address of the interface of addr's
+// family (all of them for the unspecified address).
+func (r *Ring) addTCPAddrs(s *tcpstack.Stack, v4 bool) ([]netip.Addr, error) {
+	addrs, err := r.interfaceAddrs(v4)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range addrs {
+		if err := s.AddAddress(a); err != nil {
+			return nil, err
+		}
+	}
+	return addrs, nil
+}
+
+// ---- bindings ----
+
+// TCPBinding is a TCP socket bound on the ring and not yet listening or
+// connecting: its address and its kernel port reservation. Listen or
+// Connect take it over; Close releases an unused one.
+type TCPBinding struct {
+	r     *Ring
+	s     *tcpstack.Stack
+	local netip.AddrPort
+	// dsts are the addresses a listener receives on: the bound one, or
+	// every interface address of its family for the unspecified address.
+	dsts []netip.Addr
+	port *tcpPort
+	used atomic.Bool
+}
+
+// BindTCP binds addr (an address of the interface, or the unspecified
+// address of a family; port 0 picks a free port) and reserves the port in
+// the kernel.
+func (r *Ring) BindTCP(addr netip.AddrPort) (*TCPBinding, error) {
+	addr = unmap(addr)
+	fail := func(err error) error {
+		return fmt.Errorf("ring %s/%d: bind tcp %v: %w", r.cfg.Interface, r.cfg.Queue, addr, err)
+	}
+	if !addr.Addr().IsValid() || addr.Addr().IsMulticast() {
+		return nil, fail(unix.EINVAL)
+	}
+	s, err := r.TCPStack()
+	if err != nil {
+		return nil, fail(err)
+	}
+	ifAddrs, err := r.addTCPAddrs(s, addr.Addr().Is4())
+	if err != nil {
+		return nil, fail(err)
+	}
+	dsts := ifAddrs
+	if !addr.Addr().IsUnspecified() {
+		owned := false
+		for _, a := range ifAddrs {
+			owned = owned || a == addr.Addr()
+		}
+		if !owned {
+			return nil, fail(fmt.Errorf("%v is not an address of %s: %w", addr.Addr(), r.cfg.Interface, unix.EADDRNOTAVAIL))
+		}
+		dsts = []netip.Addr{addr.Addr()}
+	}
+	if len(dsts) == 0 {
+		return nil, fail(fmt.Errorf("%s has no %s address: %w", r.cfg.Interface, familyName(addr.Addr()), unix.EADDRNOTAVAIL))
+	}
+	port, err := r.reserveTCP(addr)
+	if err != nil {
+		return nil, fail(err)
+	}
+	return &TCPBinding{r: r, s: s, local: unmap(port.resv.Addr()), dsts: dsts, port: port}, nil
+}
+
+// LocalAddr returns the bound address with its port.
+func (b *TCPBinding) LocalAddr() netip.AddrPort { return b.local }
+
+// Close releases the reservation of a binding that neither listened nor
+// connected.
+func (b *TCPBinding) Close() {
+	if !b.used.Swap(true) {
+		b.port.unref()
+	}
+}
+
+func (b *TCPBinding) take() error {
+	if b.used.Swap(true) {
+		return fmt.Errorf("tcp %v: the binding is in use already: %w", b.local, unix.EINVAL)
+	}
+	return nil
+}
+
+// ---- listeners ----
+
+// TCPListener is a TCP socket listening on the ring: its stack endpoint,
+// its kernel port reservation and its 3-tuple steering entries (every
+// segment to its port comes to the ring: SYNs and its connections'
+// segments until they have entries of their own).
+type TCPListener struct {
+	r     *Ring
+	l     *tcpstack.Listener
+	local netip.AddrPort
+	port  *tcpPort
+	flows []qp.Flow
+	once  sync.Once
+	done  chan struct{}
+}
+
+// ListenTCP binds addr (see BindTCP) and listens with room for backlog
+// connections waiting for Accept (0: 128).
+func (r *Ring) ListenTCP(addr netip.AddrPort, backlog int) (*TCPListener, error) {
+	b, err := r.BindTCP(addr)
+	if err != nil {
+		return nil, err
+	}
+	l, err := b.Listen(backlog)
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// Listen turns the binding into a listener (0: a backlog of 128).
+func (b *TCPBinding) Listen(backlog int) (*TCPListener, error) {
+	r := b.r
+	if err := b.take(); err != nil {
+		return nil, err
+	}
+	if backlog <= 0 {
+		backlog = 128
+	}
+	l := &TCPListener{r: r, local: b.local, port: b.port, done: make(chan struct{})}
+	var err error
+	if l.l, err = b.s.Listen(b.local, backlog); err != nil {
+		b.port.unref()
+		return nil, fmt.Errorf("ring %s/%d: listen tcp %v: %w", r.cfg.Interface, r.cfg.Queue, b.local, err)
+	}
+	for _, d := range b.dsts {
+		l.flows = append(l.flows, qp.Flow{Proto: unix.IPPROTO_TCP, Dst: netip.AddrPortFrom(d, b.local.Port())})
+	}
+	if err := r.steerTCP(l.flows); err != nil {
+		l.l.Close()
+		b.port.unref()
+		return nil, fmt.Errorf("ring %s/%d: listen tcp %v: %w", r.cfg.Interface, r.cfg.Queue, b.local, err)
+	}
+	return l, nil
+}
+
+// LocalAddr returns the address listened on, with the port.
+func (l *TCPListener) LocalAddr() netip.AddrPort { return l.local }
+
+// Addr returns the address listened on (net.Listener).
+func (l *TCPListener) Addr() net.Addr { return net.TCPAddrFromAddrPort(l.local) }
+
+// Notify calls fn whenever a connection may be waiting for AcceptTCP;
+// the returned function stops it.
+func (l *TCPListener) Notify(fn func()) (stop func()) {
+	e := waiter.NewFunctionEntry(waiter.ReadableEvents, func(waiter.EventMask) { fn() })
+	l.l.WQ.EventRegister(&e)
+	return func() { l.l.WQ.EventUnregister(&e) }
+}
+
+// AcceptTCP takes one connection that completed its handshake, without
+// waiting (unix.EAGAIN when none), and steers its 5-tuple to the ring, so
+// it outlives the listener.
+func (l *TCPListener) AcceptTCP() (*TCPConn, error) {
+	select {
+	case <-l.done:
+		return nil, net.ErrClosed
+	default:
+	}
+	ep, peer, err := l.l.Accept()
+	if err != nil {
+		return nil, err
+	}
+	local, _ := ep.Addrs()
+	c := &TCPConn{r: l.r, ep: ep, port: l.port.ref(), local: local, peer: peer,
+		flow: qp.Flow{Proto: unix.IPPROTO_TCP, Dst: local, Src: peer}}
+	if err := l.r.steerTCP([]qp.Flow{c.flow}); err != nil {
+		ep.EP.Abort()
+		c.port.unref()
+		return nil, fmt.Errorf("accept %v: %w", peer, err)
+	}
+	return c, nil
+}
+
+// Accept waits for a connection (net.Listener); the net.Conn's Close
+// releases it like TCPConn.Close.
+func (l *TCPListener) Accept() (net.Conn, error) {
+	ready := make(chan struct{}, 1)
+	stop := l.Notify(func() {
+		select {
+		case ready <- struct{}{}:
+		default:
+		}
+	})
+	defer stop()
+	for {
+		c, err := l.AcceptTCP()
+		if !errors.Is(err, unix.EAGAIN) {
+			if err != nil {
+				return nil, err
+			}
+			return c.NetConn(), nil
+		}
+		select {
+		case <-ready:
+		case <-l.done:
+			return nil, net.ErrClosed
+		}
+	}
+}
+
+// Close stops listening: connections not accepted yet are reset, the
+// steering entries go, and the port stays reserved while accepted
+// connections use it.
+func (l *TCPListener) Close() error {
+	l.once.Do(func() {
+		close(l.done)
+		l.l.Close()
+		l.r.unsteerTCP(l.flows)
+		l.port.unref()
+	})
+	return nil
+}
+
+// ---- connections ----
+
+// TCPConn is one TCP connection on the ring: its stack endpoint, its
+// 5-tuple steering entry and its share of the port reservation.
+type TCPConn struct {
+	r           *Ring
+	ep          *tcpstack.Endpoint
+	port        *tcpPort
+	local, peer netip.AddrPort
+	flow        qp.Flow
+	once        sync.Once
+}
+
+// lingerMax bounds how long a closed connection keeps its steering while
+// the stack finishes it (FIN handshake, retransmissions); then it is
+// aborted.
+const lingerMax = 2 * time.Minute
+
+// ConnectTCP binds laddr (the unspecified address: the route's source
+// address; port 0: a free port) and starts connecting to raddr (see
+// TCPBinding.Connect).
+func (r *Ring) ConnectTCP(ctx context.Context, laddr, raddr netip.AddrPort) (*TCPConn, error) {
+	laddr, raddr = unmap(laddr), unmap(raddr)
+	if !laddr.Addr().IsValid() || laddr.Addr().IsUnspecified() {
+		if !raddr.Addr().IsValid() {
+			return nil, fmt.Errorf("ring %s/%d: connect tcp %v: %w", r.cfg.Interface, r.cfg.Queue, raddr, unix.EINVAL)
+		}
+		next, err := r.res.Resolve(ctx, raddr.Addr())
+		if err != nil {
+			return nil, fmt.Errorf("ring %s/%d: connect tcp %v: %w: %w", r.cfg.Interface, r.cfg.Queue, raddr, err, unix.ENETUNREACH)
+		}
+		laddr = netip.AddrPortFrom(next.Src.Unmap(), laddr.Port())
+	}
+	b, err := r.BindTCP(laddr)
+	if err != nil {
+		return nil, err
+	}
+	c, err := b.Connect(ctx, raddr)
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Connect starts connecting to raddr and returns at once: the 5-tuple is
+// steered to the ring before the SYN leaves; the endpoint becomes writable
+// when the handshake ends, and Endpoint().Err then says how it ended. A
+// binding to the unspecified address connects from the route's source
+// address.
+func (b *TCPBinding) Connect(ctx context.Context, raddr netip.AddrPort) (_ *TCPConn, err error) {
+	r := b.r
+	raddr = unmap(raddr)
+	fail := func(err error) error {
+		return fmt.Errorf("ring %s/%d: connect tcp %v: %w", r.cfg.Interface, r.cfg.Queue, raddr, err)
+	}
+	if !raddr.Addr().IsValid() || raddr.Port() == 0 || raddr.Addr().IsUnspecified() || raddr.Addr().IsMulticast() {
+		return nil, fail(unix.EINVAL)
+	}
+	if raddr.Addr().Is4() != b.local.Addr().Is4() {
+		return nil, fail(unix.EAFNOSUPPORT)
+	}
+	local := b.local
+	if local.Addr().IsUnspecified() {
+		next, err := r.res.Resolve(ctx, raddr.Addr())
+		if err != nil {
+			return nil, fail(fmt.Errorf("%w: %w", err, unix.ENETUNREACH))
+		}
+		local = netip.AddrPortFrom(next.Src.Unmap(), local.Port())
+	}
+	if err := b.take(); err != nil {
+		return nil, fail(err)
+	}
+	c := &TCPConn{r: r, port: b.port, local: local, peer: raddr,
+		flow: qp.Flow{Proto: unix.IPPROTO_TCP, Dst: local, Src: raddr}}
+	if err := r.steerTCP([]qp.Flow{c.flow}); err != nil {
+		b.port.unref()
+		return nil, fail(err)
+	}
+	if c.ep, err = b.s.Connect(local, raddr); err != nil {
+		r.unsteerTCP([]qp.Flow{c.flow})
+		b.port.unref()
+		return nil, fail(err)
+	}
+	return c, nil
+}
+
+// DialTCP connects and waits for the handshake (or ctx).
+func (r *Ring) DialTCP(ctx context.Context, laddr, raddr netip.AddrPort) (*TCPConn, error) {
+	c, err := r.ConnectTCP(ctx, laddr, raddr)
+	if err != nil {
+		return nil, err
+	}
+	e, ch := waiter.NewChannelEntry(waiter.WritableEvents | waiter.EventErr | waiter.EventHUp)
+	c.ep.WQ.EventRegister(&e)
+	defer c.ep.WQ.EventUnregister(&e)
+	for c.ep.Connecting() {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			c.Abort()
+			return nil, ctx.Err()
+		}
+	}
+	if err := c.ep.Err(); err != nil {
+		c.Abort()
+		return nil, fmt.Errorf("ring %s/%d: connect tcp %v: %w", r.cfg.Interface, r.cfg.Queue, c.peer, err)
+	}
+	return c, nil
+}
+
+// Endpoint returns the connection's stack endpoint.
+func (c *TCPConn) Endpoint() *tcpstack.Endpoint { return c.ep }
+
+// LocalAddr and RemoteAddr return the connection's addresses.
+func (c *TCPConn) LocalAddr() netip.AddrPort  { return c.local }
+func (c *TCPConn) RemoteAddr() netip.AddrPort { return c.peer }
+
+// NetConn returns the connection as a net.Conn (gVisor's gonet adapter)
+// whose Close is c.Close.
+func (c *TCPConn) NetConn() net.Conn { return &netConn{TCPConn: c.ep.Conn(), c: c} }
+
+type netConn struct {
+	*gonet.TCPConn
+	c *TCPConn
+}
+
+func (n *netConn) Close() error { return n.c.Close() }
+
+// Close closes the connection the orderly way (FIN after the queued data)
+// and releases its steering and port once the stack is done with it, in
+// the background.
+func (c *TCPConn) Close() error {
+	c.once.Do(func() {
+		c.ep.EP.Close()
+		go c.reap()
+	})
+	return nil
+}
+
+// Abort resets the connection (RST) and releases it.
+func (c *TCPConn) Abort() {
+	c.once.Do(func() {
+		c.ep.EP.Abort()
+		go c.reap()
+	})
+}
+
+// reap waits until the stack finished the connection, then releases its
+// steering entry and port.
+func (c *TCPConn) reap() {
+	deadline := time.Now().Add(lingerMax)
+	for !c.ep.Finished() {
+		if time.Now().After(deadline) {
+			c.r.log.Debug("tcp connection lingered too long; aborted", zap.Stringer("local", c.local), zap.Stringer("peer", c.peer))
+			c.ep.EP.Abort()
+			break
+		}
+		select {
+		case <-c.r.done:
+			deadline = time.Time{}
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	c.r.unsteerTCP([]qp.Flow{c.flow})
+	c.port.unref()
+}

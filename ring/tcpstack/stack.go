@@ -1,0 +1,271 @@
+package tcpstack
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+)
+
+// nicID is the stack's only interface: the ring.
+const nicID tcpip.NICID = 1
+
+// maxOutbound bounds the packets the stack may queue for the engine; more
+// are dropped (and counted), as a full NIC queue drops, and TCP sends them
+// again.
+const maxOutbound = 8192
+
+// Config describes a ring's stack.
+type Config struct {
+	// MTU is the interface's MTU; the stack's MSS follows from it.
+	MTU int
+	// Wake is called when the stack queued outbound packets while the
+	// queue was empty: the engine should drain it (ring its doorbell).
+	Wake func()
+	// CongestionControl is "cubic" (the default) or "reno".
+	CongestionControl string
+	// Log receives the stack's rare events (nil: none).
+	Log *zap.Logger
+}
+
+// Stack is one ring's TCP/IP stack.
+type Stack struct {
+	cfg  Config
+	s    *stack.Stack
+	link *link
+
+	mu    sync.Mutex
+	addrs map[netip.Addr]bool
+
+	// pend and pendOff are the engine's batch of outbound packets being
+	// sent (engine-owned; see Outbound).
+	pend    [][]byte
+	pendOff int
+}
+
+// New creates a stack with no addresses yet (AddAddress).
+func New(cfg Config) (*Stack, error) {
+	if cfg.MTU < 1280 && cfg.MTU < 576 || cfg.MTU <= 0 {
+		return nil, fmt.Errorf("tcpstack: MTU %d is too small for TCP", cfg.MTU)
+	}
+	if cfg.CongestionControl == "" {
+		cfg.CongestionControl = "cubic"
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	if cfg.Wake == nil {
+		cfg.Wake = func() {}
+	}
+	s := stack.New(stack.Options{
+		NetworkProtocols: []stack.NetworkProtocolFactory{ipv4.NewProtocol,
+			// No duplicate address detection: the kernel owns the
+			// addresses and did it already.
+			ipv6.NewProtocolWithOptions(ipv6.Options{DADConfigs: stack.DADConfigurations{DupAddrDetectTransmits: 0}})},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocolCUBIC},
+	})
+	st := &Stack{cfg: cfg, s: s, addrs: map[netip.Addr]bool{}}
+	st.link = &link{mtu: uint32(cfg.MTU), wake: cfg.Wake}
+	opts := []tcpip.SettableTransportProtocolOption{
+		ptr(tcpip.TCPSACKEnabled(true)),
+		ptr(tcpip.TCPRACKLossDetection),
+		ptr(tcpip.CongestionControlOption(cfg.CongestionControl)),
+		ptr(tcpip.TCPModerateReceiveBufferOption(true)),
+	}
+	for _, o := range opts {
+		if err := s.SetTransportProtocolOption(tcp.ProtocolNumber, o); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("tcpstack: set %T: %s", o, err)
+		}
+	}
+	if err := s.CreateNIC(nicID, st.link); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("tcpstack: create interface: %s", err)
+	}
+	// Every destination is on-link for the stack: the engine resolves
+	// the real next hop with the kernel's tables.
+	s.SetRouteTable([]tcpip.Route{
+		{Destination: header.IPv4EmptySubnet, NIC: nicID},
+		{Destination: header.IPv6EmptySubnet, NIC: nicID},
+	})
+	return st, nil
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// AddAddress makes the stack accept and send from addr (an address of the
+// ring's interface). Adding an address twice is a no-op.
+func (s *Stack) AddAddress(addr netip.Addr) error {
+	addr = addr.Unmap()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.addrs[addr] {
+		return nil
+	}
+	pa := tcpip.ProtocolAddress{Protocol: netProto(addr), AddressWithPrefix: tcpAddr(addr).WithPrefix()}
+	if err := s.s.AddProtocolAddress(nicID, pa, stack.AddressProperties{}); err != nil {
+		return fmt.Errorf("tcpstack: add address %v: %s", addr, err)
+	}
+	s.addrs[addr] = true
+	return nil
+}
+
+// Close stops the stack: every connection is aborted (its peer gets a
+// reset once the engine sends what is queued) and its goroutines end.
+func (s *Stack) Close() {
+	s.s.Close()
+	s.s.Wait()
+}
+
+// Deliver hands the stack one received IP packet (IPv4 or IPv6, without
+// the link header). It copies the packet; the caller keeps its buffer.
+func (s *Stack) Deliver(ip []byte) {
+	if len(ip) == 0 {
+		return
+	}
+	var proto tcpip.NetworkProtocolNumber
+	switch ip[0] >> 4 {
+	case 4:
+		proto = ipv4.ProtocolNumber
+	case 6:
+		proto = ipv6.ProtocolNumber
+	default:
+		s.link.stats.RXDropped.Add(1)
+		return
+	}
+	d := s.link.dispatcher()
+	if d == nil {
+		s.link.stats.RXDropped.Add(1)
+		return
+	}
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(ip)})
+	s.link.stats.RXPackets.Add(1)
+	d.DeliverNetworkPacket(proto, pkt)
+	pkt.DecRef()
+}
+
+// Outbound offers the stack's queued outbound IP packets to send, oldest
+// first, until send returns false (that packet stays queued and is offered
+// first next time). The buffer passed to send is reused after send
+// returns. It returns how many packets were taken. Engine thread only.
+func (s *Stack) Outbound(send func(ip []byte) bool) int {
+	if s.pendOff == len(s.pend) {
+		l := s.link
+		l.mu.Lock()
+		s.pend, l.out = l.out, s.pend[:0]
+		l.mu.Unlock()
+		s.pendOff = 0
+	}
+	n := 0
+	for s.pendOff < len(s.pend) {
+		b := s.pend[s.pendOff]
+		if !send(b) {
+			break
+		}
+		s.pend[s.pendOff] = nil
+		putBuf(b)
+		s.pendOff++
+		n++
+	}
+	return n
+}
+
+// OutboundPending reports whether packets wait in the outbound queue.
+// Engine thread only.
+func (s *Stack) OutboundPending() bool {
+	if s.pendOff < len(s.pend) {
+		return true
+	}
+	l := s.link
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.out) > 0
+}
+
+// Destination returns the destination address of an outbound IP packet.
+func Destination(ip []byte) (netip.Addr, error) {
+	switch {
+	case len(ip) >= header.IPv4MinimumSize && ip[0]>>4 == 4:
+		return netip.AddrFrom4([4]byte(ip[16:20])), nil
+	case len(ip) >= header.IPv6MinimumSize && ip[0]>>4 == 6:
+		return netip.AddrFrom16([16]byte(ip[24:40])), nil
+	}
+	return netip.Addr{}, errors.New("tcpstack: not an IP packet")
+}
+
+func netProto(a netip.Addr) tcpip.NetworkProtocolNumber {
+	if a.Is4() {
+		return ipv4.ProtocolNumber
+	}
+	return ipv6.ProtocolNumber
+}
+
+func tcpAddr(a netip.Addr) tcpip.Address {
+	if a.Is4() {
+		return tcpip.AddrFrom4(a.As4())
+	}
+	return tcpip.AddrFrom16(a.As16())
+}
+
+func fullAddr(ap netip.AddrPort) tcpip.FullAddress {
+	fa := tcpip.FullAddress{NIC: nicID, Port: ap.Port()}
+	if a := ap.Addr().Unmap(); a.IsValid() && !a.IsUnspecified() {
+		fa.Addr = tcpAddr(a)
+	}
+	return fa
+}
+
+func addrPort(fa tcpip.FullAddress) netip.AddrPort {
+	a, _ := netip.AddrFromSlice(fa.Addr.AsSlice())
+	return netip.AddrPortFrom(a.Unmap(), fa.Port)
+}
+
+// Stats are a stack's counters: the link's, and gVisor's TCP ones.
+type Stats struct {
+	// RXPackets are IP packets the engine delivered, RXDropped those
+	// the stack could not take; TXPackets are packets the stack queued
+	// for the engine, TXDropped those dropped because the queue was
+	// full, TXNotTCP non-TCP packets the stack tried to send (dropped).
+	RXPackets, RXDropped, TXPackets, TXDropped, TXNotTCP uint64
+	// From gVisor: connections opened actively (connect) and passively
+	// (accept), currently established, failed attempts, resets sent
+	// and received, retransmitted segments, fast retransmits, timeouts
+	// (RTO), SACK and TLP recoveries, segments sent and received,
+	// checksum errors.
+	ActiveOpens, PassiveOpens, Established, FailedAttempts   uint64
+	ResetsSent, ResetsReceived, Retransmits, FastRetransmits uint64
+	Timeouts, SACKRecovery, TLPRecovery                      uint64
+	SegmentsSent, SegmentsReceived, ChecksumErrors           uint64
+}
+
+// Stats returns the stack's counters now.
+func (s *Stack) Stats() Stats {
+	l := &s.link.stats
+	t := s.s.Stats().TCP
+	return Stats{
+		RXPackets: l.RXPackets.Load(), RXDropped: l.RXDropped.Load(), TXPackets: l.TXPackets.Load(),
+		TXDropped: l.TXDropped.Load(), TXNotTCP: l.TXNotTCP.Load(),
+		ActiveOpens: t.ActiveConnectionOpenings.Value(), PassiveOpens: t.PassiveConnectionOpenings.Value(),
+		Established: t.CurrentEstablished.Value(), FailedAttempts: t.FailedConnectionAttempts.Value(),
+		ResetsSent: t.ResetsSent.Value(), ResetsReceived: t.ResetsReceived.Value(),
+		Retransmits: t.Retransmits.Value(), FastRetransmits: t.FastRetransmit.Value(),
+		Timeouts: t.Timeouts.Value(), SACKRecovery: t.SACKRecovery.Value(), TLPRecovery: t.TLPRecovery.Value(),
+		SegmentsSent: t.SegmentsSent.Value(), SegmentsReceived: t.ValidSegmentsReceived.Value(),
+		ChecksumErrors: t.ChecksumErrors.Value(),
+	}
+}
+
+// linkStats are the link endpoint's counters.
+type linkStats struct {
+	RXPackets, RXDropped, TXPackets, TXDropped, TXNotTCP atomic.Uint64
+}
