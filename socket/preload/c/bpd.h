@@ -1,0 +1,345 @@
+/* libbypassd internals: declarations shared by the library's files and its
+ * unit tests. Nothing here is a public API; the library's only interface is
+ * the libc symbols it interposes (intercept.c).
+ *
+ * Layers, bottom up:
+ *   proto.c   control messages (docs/protocol.md): encode, decode, validate
+ *   queue.c   the shared-memory SPSC queue (docs/shm-queue.md)
+ *   rules.c   which sockets are offloaded (BYPASSD_RULES, docs/preload.md)
+ *   log.c     BYPASSD_LOG_LEVEL / BYPASSD_LOG_FILE
+ *   session.c the control connection and its monitor thread
+ *   sock.c    one offloaded socket: open, send, receive, wait, options
+ *   intercept.c  the libc entry points and the fd table
+ */
+#ifndef BPD_H
+#define BPD_H
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#define BPD_HIDDEN __attribute__((visibility("hidden")))
+
+/* ---- control protocol (proto.c) ---------------------------------------- */
+
+enum {
+	BPD_PROTO_VERSION = 1,
+	BPD_HDR_LEN = 16,
+	BPD_MSG_MAX = 512,
+	BPD_REPLY_BIT = 0x8000,
+	BPD_OPEN_FDS = 4,
+	BPD_FD_MEMFD = 0,
+	BPD_FD_RXWAIT = 1,
+	BPD_FD_TXWAIT = 2,
+	BPD_FD_DOORBELL = 3,
+	BPD_BIND_REUSEADDR = 1,
+	BPD_MIN_QUEUE = 4096,
+	BPD_MAX_QUEUE = 16 << 20,
+};
+
+enum bpd_code {
+	BPD_HELLO = 1,
+	BPD_OPEN = 2,
+	BPD_BIND = 3,
+	BPD_CONNECT = 4,
+	BPD_SETSOCKOPT = 5,
+	BPD_GETSOCKOPT = 6,
+	BPD_JOIN = 7,
+	BPD_LEAVE = 8,
+	BPD_CLOSE = 9,
+	BPD_SHUTDOWN = 16,
+	BPD_SOCKET_ERROR = 17,
+};
+
+struct bpd_hdr {
+	uint16_t code, version;
+	uint32_t req_id;
+	int32_t status;
+	uint32_t socket;
+};
+
+struct bpd_hello_reply {
+	uint16_t version;
+	uint32_t daemon_pid, max_sockets, default_queue_bytes;
+	int32_t rx_poll_us;
+};
+
+struct bpd_open_reply {
+	uint32_t queue_bytes;
+	uint64_t memfd_size, tx_offset, rx_offset;
+};
+
+/* An address as the protocol carries it: 16 bytes (IPv4 v4-mapped) and a
+ * host-order port. */
+struct bpd_addr {
+	uint8_t addr[16];
+	uint16_t port;
+};
+
+/* Encoders return the message length (header + body). buf has BPD_MSG_MAX
+ * bytes. */
+BPD_HIDDEN size_t bpd_enc_hello(uint8_t *buf, uint32_t req, const char *name);
+BPD_HIDDEN size_t bpd_enc_open(uint8_t *buf, uint32_t req, uint16_t family, uint32_t queue_bytes);
+BPD_HIDDEN size_t bpd_enc_addrport(uint8_t *buf, uint16_t code, uint32_t req, uint32_t sock,
+				   const struct bpd_addr *a, uint16_t flags);
+BPD_HIDDEN size_t bpd_enc_setsockopt(uint8_t *buf, uint32_t req, uint32_t sock, int32_t level,
+				     int32_t name, const void *val, uint32_t len);
+BPD_HIDDEN size_t bpd_enc_getsockopt(uint8_t *buf, uint32_t req, uint32_t sock, int32_t level,
+				     int32_t name);
+BPD_HIDDEN size_t bpd_enc_group(uint8_t *buf, uint16_t code, uint32_t req, uint32_t sock,
+				const uint8_t group[16], const uint8_t source[16], uint32_t ifindex);
+BPD_HIDDEN size_t bpd_enc_close(uint8_t *buf, uint32_t req, uint32_t sock);
+
+/* bpd_dec_hdr checks the header rules every message obeys (length, version,
+ * status range, reply bit). 0 or an errno. */
+BPD_HIDDEN int bpd_dec_hdr(const uint8_t *buf, size_t len, struct bpd_hdr *h);
+/* Body decoders take the body (after the header) and check its length and
+ * reserved fields. 0 or EPROTO. */
+BPD_HIDDEN int bpd_dec_hello_reply(const uint8_t *b, size_t len, struct bpd_hello_reply *r);
+BPD_HIDDEN int bpd_dec_open_reply(const uint8_t *b, size_t len, struct bpd_open_reply *r);
+BPD_HIDDEN int bpd_dec_addrport(const uint8_t *b, size_t len, struct bpd_addr *a);
+BPD_HIDDEN int bpd_dec_sockopt_val(const uint8_t *b, size_t len, uint8_t val[64], uint32_t *vlen);
+BPD_HIDDEN int bpd_dec_u32(const uint8_t *b, size_t len, uint32_t *v);
+
+/* sockaddr <-> protocol address. to_bpd: 0 or EAFNOSUPPORT/EINVAL. */
+BPD_HIDDEN int bpd_addr_from_sockaddr(const struct sockaddr *sa, socklen_t len, int family,
+				      struct bpd_addr *a);
+BPD_HIDDEN socklen_t bpd_addr_to_sockaddr(const struct bpd_addr *a, int family,
+					  struct sockaddr_storage *ss);
+BPD_HIDDEN int bpd_addr_is_zero(const struct bpd_addr *a);
+
+/* ---- shared-memory queue (queue.c) -------------------------------------- */
+
+enum {
+	BPQ_HEADER = 256,
+	BPQ_RECHDR = 8,
+	BPQ_TYPE_PAD = 0xFFFFFFFFu,
+	BPQ_TYPE_DGRAM = 1,
+	BPQ_MAGIC = 0x51445042,
+	BPQ_VERSION = 1,
+};
+
+/* Datagram record header (internal/dgram), 48 bytes before the payload. */
+enum { BPD_DGRAM_HDR = 48, BPD_TS_SW = 1, BPD_TS_HWRAW = 2, BPD_TS_HWSYS = 4 };
+
+struct bpq {
+	uint8_t *data; /* the data area (header + 256) */
+	_Atomic uint64_t *prod, *cons, *dropped;
+	_Atomic uint32_t *cons_waiting, *prod_waiting;
+	uint64_t cap, mask;
+	uint32_t max_payload;
+	/* producer side */
+	uint64_t p_idx, p_pub, p_cons;
+	uint64_t res_off;
+	/* consumer side */
+	uint64_t c_idx, c_rel, c_prod;
+	uint64_t peek_total, peek_off;
+	uint32_t peek_len, peek_type;
+	int corrupt;
+};
+
+enum { BPQ_OK = 0, BPQ_EMPTY = 1, BPQ_FULL = 2, BPQ_TOOBIG = 3, BPQ_CORRUPT = 4 };
+
+BPD_HIDDEN int bpq_init(struct bpq *q, void *mem, uint64_t memlen, uint64_t cap);
+BPD_HIDDEN int bpq_attach(struct bpq *q, void *mem, uint64_t memlen);
+/* Producer. reserve returns a pointer to n payload bytes in *out. */
+BPD_HIDDEN int bpq_reserve(struct bpq *q, uint32_t n, uint8_t **out);
+BPD_HIDDEN void bpq_commit(struct bpq *q, uint32_t n, uint32_t type);
+/* publish: 1 when the consumer was waiting and must be woken. */
+BPD_HIDDEN int bpq_publish(struct bpq *q);
+BPD_HIDDEN int bpq_arm_write_wait(struct bpq *q, uint32_t n); /* 1: room now */
+BPD_HIDDEN void bpq_disarm_write_wait(struct bpq *q);
+/* Consumer. peek returns the record's payload (valid until advance). */
+BPD_HIDDEN int bpq_peek(struct bpq *q, const uint8_t **rec, uint32_t *len, uint32_t *type);
+BPD_HIDDEN void bpq_advance(struct bpq *q);
+/* release: 1 when the producer was waiting for room and must be woken. */
+BPD_HIDDEN int bpq_release(struct bpq *q);
+/* readable: 1 when a record (or corruption) is there to peek. */
+BPD_HIDDEN int bpq_readable(struct bpq *q);
+/* arm_read_wait: sets consumer waiting (seq_cst) and re-checks; 1 when the
+ * queue is no longer empty (the caller must not sleep). */
+BPD_HIDDEN int bpq_arm_read_wait(struct bpq *q);
+BPD_HIDDEN int bpq_disarm_read_wait(struct bpq *q); /* returns the old flag */
+
+/* ---- logging (log.c) ---------------------------------------------------- */
+
+enum { BPD_LOG_ERROR = 0, BPD_LOG_WARN = 1, BPD_LOG_INFO = 2, BPD_LOG_DEBUG = 3 };
+BPD_HIDDEN extern int bpd_log_level;
+BPD_HIDDEN void bpd_log_init(void);
+BPD_HIDDEN void bpd_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define BPD_LOG(lvl, ...)                                                                      \
+	do {                                                                                   \
+		if ((lvl) <= bpd_log_level)                                                    \
+			bpd_log((lvl), __VA_ARGS__);                                           \
+	} while (0)
+BPD_HIDDEN const char *bpd_fmt_addr(const struct bpd_addr *a, char *buf, size_t n);
+
+/* ---- rules (rules.c) ---------------------------------------------------- */
+
+enum { BPD_RULE_OFFLOAD = 1, BPD_RULE_KERNEL = 2 };
+
+struct bpd_prefix {
+	int any; /* address "*" */
+	uint8_t addr[16];
+	int bits; /* prefix length in the 128-bit (v4-mapped) space */
+	uint16_t port_lo, port_hi;
+};
+
+struct bpd_rule {
+	int action;
+	char program[64]; /* empty: any */
+	int has_local, has_remote;
+	struct bpd_prefix local, remote;
+};
+
+struct bpd_rules {
+	struct bpd_rule *r;
+	int n;
+	int dflt; /* action when nothing matches */
+};
+
+/* Parses text (rules separated by ';' or newlines, '#' comments). 0 or -1
+ * with a message in err. */
+BPD_HIDDEN int bpd_rules_parse(struct bpd_rules *rs, const char *text, char *err, size_t errlen);
+BPD_HIDDEN void bpd_rules_free(struct bpd_rules *rs);
+/* local/remote may be NULL (unknown). Returns BPD_RULE_OFFLOAD or _KERNEL. */
+BPD_HIDDEN int bpd_rules_match(const struct bpd_rules *rs, const char *program,
+			       const struct bpd_addr *local, const struct bpd_addr *remote);
+
+/* ---- configuration (intercept.c reads the environment once) ------------- */
+
+struct bpd_config {
+	char socket_path[108];
+	int require;     /* BYPASSD_REQUIRE=1 */
+	int rx_poll_us;  /* BYPASSD_RX_POLL, or INT32_MIN: the daemon's */
+	uint32_t queue_bytes; /* BYPASSD_QUEUE_BYTES, 0: daemon default */
+	struct bpd_rules rules;
+	char program[64];
+};
+BPD_HIDDEN extern struct bpd_config bpd_cfg;
+
+/* ---- session (session.c) ------------------------------------------------ */
+
+struct bpd_reply {
+	struct bpd_hdr h;
+	uint8_t body[BPD_MSG_MAX];
+	size_t body_len;
+	int fds[BPD_OPEN_FDS];
+	int nfds;
+};
+
+struct bpd_session;
+/* bpd_session_get returns the process's live session, connecting (HELLO) if
+ * there is none or the last one died. NULL with errno and a logged reason. */
+BPD_HIDDEN struct bpd_session *bpd_session_get(void);
+BPD_HIDDEN void bpd_session_put(struct bpd_session *s);
+/* bpd_call sends msg (len bytes; its request id is assigned here) and waits
+ * for the reply (5 s). Returns 0 with *r filled (the reply's status may be
+ * non-zero), or an errno for a transport failure. */
+BPD_HIDDEN int bpd_call(struct bpd_session *s, uint8_t *msg, size_t len, struct bpd_reply *r);
+BPD_HIDDEN int bpd_session_poll_us(struct bpd_session *s);
+BPD_HIDDEN int bpd_session_dead(struct bpd_session *s);
+/* Called in a fork child: forget the parent's session without touching it. */
+BPD_HIDDEN void bpd_session_forget_after_fork(void);
+BPD_HIDDEN void bpd_session_atfork_prepare(void);
+BPD_HIDDEN void bpd_session_atfork_parent(void);
+
+/* ---- offloaded sockets (sock.c) ----------------------------------------- */
+
+enum { BPD_MAX_SAVED_OPTS = 16 };
+
+struct bpd_saved_opt {
+	int level, name;
+	uint32_t len;
+	uint8_t val[64];
+};
+
+enum bpd_state { BPD_PENDING = 1, BPD_OFFLOADED = 2 };
+
+struct bpd_sock {
+	_Atomic int refs;    /* fd-table aliases + calls in flight */
+	_Atomic int aliases; /* fd numbers naming it */
+	pthread_mutex_t mu; /* state, options, control requests */
+	int state;
+	int family; /* AF_INET / AF_INET6 */
+	_Atomic int nonblock;
+	/* Options set before the socket was offloaded, replayed at OPEN. */
+	struct bpd_saved_opt saved[BPD_MAX_SAVED_OPTS];
+	int nsaved;
+	int reuseaddr;
+	uint32_t rcvbuf, sndbuf;
+	/* SO_RCVTIMEO / SO_SNDTIMEO in µs (0: none). */
+	_Atomic int64_t rcvtimeo_us, sndtimeo_us;
+	_Atomic uint32_t tsflags; /* SO_TIMESTAMPING */
+	_Atomic int ts_ns, ts_us; /* SO_TIMESTAMPNS, SO_TIMESTAMP */
+
+	/* Offloaded. */
+	struct bpd_session *sess;
+	uint32_t id;
+	void *mem;
+	size_t memsize;
+	struct bpq tx, rx;
+	int rxfd, txfd, doorbell; /* private descriptors (the app's fd aliases rxfd) */
+	uint32_t max_payload;
+	struct bpd_addr laddr, raddr;
+	int bound, connected;
+	pthread_mutex_t txmu, rxmu;
+	_Atomic int broken; /* errno every call fails with, 0: usable */
+	_Atomic int closed;
+	_Atomic int forked; /* inherited across fork: the parent's, unusable here */
+	_Atomic int shut_rd, shut_wr;
+};
+
+BPD_HIDDEN struct bpd_sock *bpd_sock_new(int family, int nonblock);
+BPD_HIDDEN void bpd_sock_ref(struct bpd_sock *s);
+BPD_HIDDEN void bpd_sock_unref(struct bpd_sock *s);
+/* Offload: OPEN, replay options, BIND (local, or the wildcard) and CONNECT
+ * (remote, if any). 0, or an errno with nothing left at the daemon; *stage
+ * says where it failed: reaching bypassd (already logged), OPEN, or BIND
+ * and CONNECT (an answer about the address). */
+enum { BPD_STAGE_SESSION = 0, BPD_STAGE_OPEN = 1, BPD_STAGE_ADDR = 2 };
+BPD_HIDDEN int bpd_sock_offload(struct bpd_sock *s, const struct bpd_addr *local,
+				const struct bpd_addr *remote, int *stage);
+BPD_HIDDEN int bpd_sock_shutdown(struct bpd_sock *s, int how);
+BPD_HIDDEN int bpd_sock_connect(struct bpd_sock *s, const struct bpd_addr *remote);
+BPD_HIDDEN ssize_t bpd_sock_send(struct bpd_sock *s, const struct msghdr *m, int flags);
+BPD_HIDDEN int bpd_sock_sendmmsg(struct bpd_sock *s, struct mmsghdr *v, unsigned n, int flags);
+BPD_HIDDEN ssize_t bpd_sock_recv(struct bpd_sock *s, struct msghdr *m, int flags);
+BPD_HIDDEN int bpd_sock_recvmmsg(struct bpd_sock *s, struct mmsghdr *v, unsigned n, int flags,
+				 struct timespec *timeout);
+BPD_HIDDEN int bpd_sock_setsockopt(struct bpd_sock *s, int level, int name, const void *val,
+				   socklen_t len);
+BPD_HIDDEN int bpd_sock_getsockopt(struct bpd_sock *s, int level, int name, void *val,
+				   socklen_t *len);
+BPD_HIDDEN int bpd_sock_fionread(struct bpd_sock *s, int *out);
+/* Wakes every thread blocked on the socket (close, daemon gone). */
+BPD_HIDDEN void bpd_sock_wake(struct bpd_sock *s);
+BPD_HIDDEN void bpd_sock_break(struct bpd_sock *s, int err);
+/* Tell the daemon (if the session lives) and release the queues. */
+BPD_HIDDEN void bpd_sock_release(struct bpd_sock *s);
+/* Every offloaded socket of session sess is broken with err (daemon gone). */
+BPD_HIDDEN void bpd_socks_break_session(struct bpd_session *sess, int err);
+BPD_HIDDEN void bpd_socks_socket_error(struct bpd_session *sess, uint32_t id, int err);
+
+/* The fd table (intercept.c). */
+BPD_HIDDEN struct bpd_sock *bpd_fd_get(int fd); /* referenced, or NULL */
+BPD_HIDDEN void bpd_fd_foreach(void (*fn)(struct bpd_sock *, void *), void *arg);
+
+/* Raw system calls the library uses itself, so that its own I/O never goes
+ * through the interposed symbols. */
+BPD_HIDDEN ssize_t bpd_sys_read(int fd, void *b, size_t n);
+BPD_HIDDEN ssize_t bpd_sys_write(int fd, const void *b, size_t n);
+BPD_HIDDEN int bpd_sys_close(int fd);
+BPD_HIDDEN int bpd_eventfd_wake(int fd);
+BPD_HIDDEN void bpd_eventfd_drain(int fd);
+/* Waits until fd is readable or timeout_us (-1: none) passes. 1 readable,
+ * 0 timeout, -1 with errno (EINTR). */
+BPD_HIDDEN int bpd_wait_fd(int fd, int64_t timeout_us);
+BPD_HIDDEN int64_t bpd_now_us(void);
+
+#endif

@@ -1,0 +1,179 @@
+package preload
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"unsafe"
+
+	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/dgram"
+	"github.com/bypassd/bypassd/internal/shmq"
+)
+
+// Golden vectors: the Go implementation writes control messages and a queue
+// image, the C unit test (c/tests/unit.c, under ASan and UBSan) checks that
+// its encoders produce the same bytes and its decoders read the same
+// values, and writes a queue image of its own that Go then reads. The
+// values below are repeated in unit.c; change both together.
+
+// goldenMessages are the control messages C must encode byte for byte
+// (requests) or decode (replies).
+func goldenMessages(t *testing.T) map[string][]byte {
+	t.Helper()
+	v4 := netip.MustParseAddr("192.0.2.1")
+	v6 := netip.MustParseAddr("2001:db8::7")
+	msgs := map[string]struct {
+		h ctlproto.Header
+		b ctlproto.Message
+	}{
+		"hello":      {ctlproto.Header{Code: ctlproto.CodeHello, ReqID: 1}, ctlproto.NewHello("golden-prog")},
+		"open":       {ctlproto.Header{Code: ctlproto.CodeOpen, ReqID: 7}, ctlproto.Open{Family: ctlproto.FamilyInet6, Type: ctlproto.TypeDgram, QueueBytes: 65536}},
+		"bind":       {ctlproto.Header{Code: ctlproto.CodeBind, ReqID: 0x01020304, Socket: 9}, ctlproto.Bind{Addr: netip.AddrPortFrom(v4, 5000), ReuseAddr: true}},
+		"connect":    {ctlproto.Header{Code: ctlproto.CodeConnect, ReqID: 3, Socket: 4}, ctlproto.Connect{Addr: netip.AddrPortFrom(v6, 53)}},
+		"setsockopt": {ctlproto.Header{Code: ctlproto.CodeSetSockOpt, ReqID: 5, Socket: 2}, ctlproto.SetSockOpt{Level: 1, Name: 47, Value: []byte{0x40, 0x42, 0x0f, 0x00}}},
+		"getsockopt": {ctlproto.Header{Code: ctlproto.CodeGetSockOpt, ReqID: 6, Socket: 2}, ctlproto.GetSockOpt{Level: 0, Name: 1}},
+		"join":       {ctlproto.Header{Code: ctlproto.CodeJoin, ReqID: 8, Socket: 3}, ctlproto.Group{Group: netip.MustParseAddr("239.1.2.3"), Source: netip.MustParseAddr("192.0.2.9"), Ifindex: 5}},
+		"leave":      {ctlproto.Header{Code: ctlproto.CodeLeave, ReqID: 9, Socket: 3}, ctlproto.Group{Group: netip.MustParseAddr("ff15::1")}},
+		"close":      {ctlproto.Header{Code: ctlproto.CodeClose, ReqID: 10, Socket: 3}, ctlproto.Empty{}},
+		// Replies C decodes.
+		"hello_reply": {ctlproto.Header{Code: ctlproto.CodeHello | ctlproto.ReplyBit, ReqID: 1}, ctlproto.HelloReply{Version: 1, DaemonPID: 4242, MaxSockets: 1024, DefaultQueueBytes: 65536, RXPollMicros: -1}},
+		"open_reply":  {ctlproto.Header{Code: ctlproto.CodeOpen | ctlproto.ReplyBit, ReqID: 2, Socket: 5}, ctlproto.OpenReply{QueueBytes: 4096, MemfdSize: 8704, TXOffset: 0, RXOffset: 4352}},
+		"bind_reply":  {ctlproto.Header{Code: ctlproto.CodeBind | ctlproto.ReplyBit, ReqID: 3, Socket: 5}, ctlproto.BindReply{Addr: netip.AddrPortFrom(v6, 40000)}},
+		"sockopt_val": {ctlproto.Header{Code: ctlproto.CodeGetSockOpt | ctlproto.ReplyBit, ReqID: 4, Socket: 5}, ctlproto.SockOptValue{Value: []byte{0xe8, 0x03, 0, 0, 0, 0, 0, 0, 0xea, 0x05, 0, 0, 1, 0, 0, 0, 0x10, 0x27, 0, 0}}},
+		"error_reply": {ctlproto.ErrorReply(ctlproto.Header{Code: ctlproto.CodeGetSockOpt, ReqID: 6, Socket: 1}, 92), ctlproto.Empty{}},
+		"socket_error": {ctlproto.Header{Code: ctlproto.CodeSocketError, Socket: 12}, ctlproto.SocketError{Errno: 100}},
+	}
+	out := make(map[string][]byte, len(msgs))
+	for name, m := range msgs {
+		b, err := ctlproto.Marshal(nil, m.h, m.b)
+		if err != nil {
+			t.Fatalf("marshal %s: %v", name, err)
+		}
+		out[name] = b
+	}
+	return out
+}
+
+// goldenRecord is the i-th datagram of the queue images.
+func goldenRecord(i int) (dgram.Header, []byte) {
+	sizes := []int{1, 100, 1000, 600, 300, 0, 133}
+	h := dgram.Header{
+		Addr:  netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)}), uint16(1000+i)),
+		Flags: dgram.FlagSWTimestamp,
+		TSSW:  int64(i)*1000 + 7,
+	}
+	p := make([]byte, sizes[i])
+	for j := range p {
+		p[j] = byte(i*7 + j)
+	}
+	return h, p
+}
+
+const goldenRecords = 7
+
+// alignedMem returns n bytes at an 8-byte aligned address.
+func alignedMem(n int) []byte {
+	w := make([]uint64, (n+7)/8)
+	return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), n)
+}
+
+// goQueueImage builds a 4 KiB queue whose records wrap around the end of
+// the data area (record 2 follows a padding record), as the daemon's RX
+// queue would look to a client.
+func goQueueImage(t *testing.T) []byte {
+	t.Helper()
+	mem := alignedMem(shmq.Size(4096))
+	q, err := shmq.Init(mem, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Move the indexes near the end of the data area first.
+	for range 3 {
+		if err := q.Push(dgram.TypeDatagram, make([]byte, 1000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q.Publish()
+	for range 3 {
+		if _, _, err := q.Peek(); err != nil {
+			t.Fatal(err)
+		}
+		q.Advance()
+	}
+	q.Release()
+	for i := range goldenRecords {
+		h, p := goldenRecord(i)
+		rec, err := q.Reserve(dgram.HeaderLen + len(p))
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		dgram.Put(rec, &h)
+		copy(rec[dgram.HeaderLen:], p)
+		if err := q.Commit(len(rec), dgram.TypeDatagram); err != nil {
+			t.Fatal(err)
+		}
+		q.Publish()
+	}
+	return mem
+}
+
+func TestGoldenAgainstC(t *testing.T) {
+	_, unit := built(t)
+	dir := t.TempDir()
+	for name, b := range goldenMessages(t) {
+		if err := os.WriteFile(filepath.Join(dir, "msg_"+name+".bin"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go_queue.bin"), goQueueImage(t), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(unit, dir)
+	cmd.Env = append(os.Environ(), "ASAN_OPTIONS=detect_leaks=1", "UBSAN_OPTIONS=print_stacktrace=1")
+	out, err := cmd.CombinedOutput()
+	t.Logf("unit test output:\n%s", out)
+	if err != nil {
+		t.Fatalf("C unit test: %v", err)
+	}
+	if !bytes.Contains(out, []byte("ok ")) {
+		t.Fatalf("C unit test printed no result")
+	}
+	// The C side's queue image: Go must read what C wrote.
+	img, err := os.ReadFile(filepath.Join(dir, "c_queue.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := alignedMem(len(img))
+	copy(mem, img)
+	q, err := shmq.Attach(mem)
+	if err != nil {
+		t.Fatalf("attach the C queue: %v", err)
+	}
+	// The C producer cannot know the consumer here: it moved its own
+	// consumer index as goQueueImage does, so only golden records remain.
+	for i := range goldenRecords {
+		rec, typ, err := q.Peek()
+		if err != nil {
+			t.Fatalf("C queue record %d: %v", i, err)
+		}
+		var h dgram.Header
+		p, err := dgram.Parse(rec, &h)
+		wh, wp := goldenRecord(i)
+		if err != nil || typ != dgram.TypeDatagram || h.Addr != wh.Addr || !bytes.Equal(p, wp) {
+			t.Fatalf("C queue record %d: type %d addr %v (want %v) %d bytes (want %d), equal %v, %v",
+				i, typ, h.Addr, wh.Addr, len(p), len(wp), bytes.Equal(p, wp), err)
+		}
+		q.Advance()
+	}
+	if _, _, err := q.Peek(); err != shmq.ErrEmpty {
+		t.Fatalf("C queue: after the golden records: %v", err)
+	}
+	if got := binary.LittleEndian.Uint32(img[0:]); got != shmq.Magic {
+		t.Fatalf("C queue magic %#x", got)
+	}
+}
