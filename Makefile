@@ -6,7 +6,7 @@ GOFLAGS  ?=
 PKGS     := ./...
 BIN      := bin
 # Debian packages the tests, demo and benchmarks use.
-APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev prometheus
+APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev prometheus gcc libc6-dev make python3
 TEST_TIMEOUT ?= 14m
 
 .PHONY: all deps build build-verbs test bench demo generate check-generated lint fmt clean
@@ -21,6 +21,7 @@ deps:
 build:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/... ./bench/... ./internal/netlab/cmd/...
+	$(MAKE) -s -C socket/preload/c OUT=$(abspath $(BIN))/libbypassd.so
 
 # build-verbs: bypassd and bypassctl with the verbs provider (cgo and
 # libibverbs-dev), in bin/verbs/.

@@ -32,7 +32,8 @@ var (
 )
 
 // built runs the library's Makefile once per test binary: libbypassd.so
-// and the sanitizer-built unit test, in a directory removed at exit.
+// and the sanitizer-built unit test and multiplexing program, in a
+// directory removed at exit.
 func built(t *testing.T) (lib, unit string) {
 	t.Helper()
 	needTool(t, "cc", "gcc")
@@ -42,9 +43,10 @@ func built(t *testing.T) (lib, unit string) {
 		if buildErr != nil {
 			return
 		}
-		cmd := exec.Command("make", "-C", "c", "all", "unit",
+		cmd := exec.Command("make", "-j2", "-C", "c", "all", "unit", "mux",
 			"OUT="+filepath.Join(buildDir, "libbypassd.so"),
-			"TESTBIN="+filepath.Join(buildDir, "unit_test"))
+			"TESTBIN="+filepath.Join(buildDir, "unit_test"),
+			"MUXBIN="+filepath.Join(buildDir, "mux_test"))
 		buildOut, buildErr = cmd.CombinedOutput()
 	})
 	if buildErr != nil {
@@ -59,4 +61,11 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(buildDir)
 	}
 	os.Exit(code)
+}
+
+// buildMux returns the multiplexing test program (c/tests/mux.c).
+func buildMux(t *testing.T) string {
+	t.Helper()
+	built(t)
+	return filepath.Join(buildDir, "mux_test")
 }

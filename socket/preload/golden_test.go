@@ -41,11 +41,11 @@ func goldenMessages(t *testing.T) map[string][]byte {
 		"leave":      {ctlproto.Header{Code: ctlproto.CodeLeave, ReqID: 9, Socket: 3}, ctlproto.Group{Group: netip.MustParseAddr("ff15::1")}},
 		"close":      {ctlproto.Header{Code: ctlproto.CodeClose, ReqID: 10, Socket: 3}, ctlproto.Empty{}},
 		// Replies C decodes.
-		"hello_reply": {ctlproto.Header{Code: ctlproto.CodeHello | ctlproto.ReplyBit, ReqID: 1}, ctlproto.HelloReply{Version: 1, DaemonPID: 4242, MaxSockets: 1024, DefaultQueueBytes: 65536, RXPollMicros: -1}},
-		"open_reply":  {ctlproto.Header{Code: ctlproto.CodeOpen | ctlproto.ReplyBit, ReqID: 2, Socket: 5}, ctlproto.OpenReply{QueueBytes: 4096, MemfdSize: 8704, TXOffset: 0, RXOffset: 4352}},
-		"bind_reply":  {ctlproto.Header{Code: ctlproto.CodeBind | ctlproto.ReplyBit, ReqID: 3, Socket: 5}, ctlproto.BindReply{Addr: netip.AddrPortFrom(v6, 40000)}},
-		"sockopt_val": {ctlproto.Header{Code: ctlproto.CodeGetSockOpt | ctlproto.ReplyBit, ReqID: 4, Socket: 5}, ctlproto.SockOptValue{Value: []byte{0xe8, 0x03, 0, 0, 0, 0, 0, 0, 0xea, 0x05, 0, 0, 1, 0, 0, 0, 0x10, 0x27, 0, 0}}},
-		"error_reply": {ctlproto.ErrorReply(ctlproto.Header{Code: ctlproto.CodeGetSockOpt, ReqID: 6, Socket: 1}, 92), ctlproto.Empty{}},
+		"hello_reply":  {ctlproto.Header{Code: ctlproto.CodeHello | ctlproto.ReplyBit, ReqID: 1}, ctlproto.HelloReply{Version: 1, DaemonPID: 4242, MaxSockets: 1024, DefaultQueueBytes: 65536, RXPollMicros: -1}},
+		"open_reply":   {ctlproto.Header{Code: ctlproto.CodeOpen | ctlproto.ReplyBit, ReqID: 2, Socket: 5}, ctlproto.OpenReply{QueueBytes: 4096, MemfdSize: 8704, TXOffset: 0, RXOffset: 4352}},
+		"bind_reply":   {ctlproto.Header{Code: ctlproto.CodeBind | ctlproto.ReplyBit, ReqID: 3, Socket: 5}, ctlproto.BindReply{Addr: netip.AddrPortFrom(v6, 40000)}},
+		"sockopt_val":  {ctlproto.Header{Code: ctlproto.CodeGetSockOpt | ctlproto.ReplyBit, ReqID: 4, Socket: 5}, ctlproto.SockOptValue{Value: []byte{0xe8, 0x03, 0, 0, 0, 0, 0, 0, 0xea, 0x05, 0, 0, 1, 0, 0, 0, 0x10, 0x27, 0, 0}}},
+		"error_reply":  {ctlproto.ErrorReply(ctlproto.Header{Code: ctlproto.CodeGetSockOpt, ReqID: 6, Socket: 1}, 92), ctlproto.Empty{}},
 		"socket_error": {ctlproto.Header{Code: ctlproto.CodeSocketError, Socket: 12}, ctlproto.SocketError{Errno: 100}},
 	}
 	out := make(map[string][]byte, len(msgs))

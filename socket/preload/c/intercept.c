@@ -211,9 +211,12 @@ static void fork_child_one(struct bpd_sock *s, void *arg)
 	if (s->mem)
 		munmap(s->mem, s->memsize);
 	s->mem = NULL;
+	/* Its descriptors too: a wake-up written here would reach the
+	 * parent's eventfd. */
+	bpd_sys_close(s->rxfd);
 	bpd_sys_close(s->txfd);
 	bpd_sys_close(s->doorbell);
-	s->txfd = s->doorbell = -1;
+	s->rxfd = s->txfd = s->doorbell = -1;
 }
 
 static void atfork_child(void)
@@ -368,6 +371,8 @@ static int decide(int fd, struct bpd_sock *s, const struct bpd_addr *local,
 		return DECIDE_ERROR;
 	}
 	if (bpd_cfg.require) {
+		if (stage == BPD_STAGE_SESSION && err == ENOENT)
+			err = ECONNREFUSED; /* no socket file: no daemon, as a refused connect */
 		BPD_LOG(BPD_LOG_ERROR, "fd %d (%s): not offloaded (%s) and BYPASSD_REQUIRE=1: failing "
 				       "the call",
 			fd, bpd_fmt_addr(shown, a, sizeof(a)), strerror(err));
