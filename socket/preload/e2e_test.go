@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -172,10 +173,28 @@ func sockperfProbe(t *testing.T, ns *netlab.NS, srv netip.AddrPort) {
 	}
 }
 
-// startKernel starts a command in ns B, stopped when the test ends.
-func startIn(t *testing.T, cmd *exec.Cmd) *bytes.Buffer {
+// output collects a running command's output; safe to read meanwhile.
+type output struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (o *output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.Write(p)
+}
+
+func (o *output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.String()
+}
+
+// startIn starts cmd and kills it when the test ends.
+func startIn(t *testing.T, cmd *exec.Cmd) *output {
 	t.Helper()
-	out := new(bytes.Buffer)
+	out := new(output)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %v: %v", cmd.Args, err)
