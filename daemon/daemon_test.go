@@ -688,11 +688,13 @@ func TestManySocketsReleasedOnKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = ch.cmd.Wait()
-	for len(l.flows(t)) != 0 && time.Since(start) < time.Second {
+	// Release must be complete, not fast: how fast is make bench's
+	// business, and on a loaded 2-core machine a second is not enough.
+	for len(l.flows(t)) != 0 && time.Since(start) < 20*time.Second {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if n := len(l.flows(t)); n != 0 {
-		t.Fatalf("%d of %d flows left one second after kill -9", n, manySockets)
+		t.Fatalf("%d of %d flows left 20 s after kill -9", n, manySockets)
 	}
 	t.Logf("%d sockets released %v after kill -9", manySockets, time.Since(start))
 }
