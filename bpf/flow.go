@@ -12,8 +12,9 @@ import (
 const (
 	// DefaultMaxFlows is the capacity of the flows map when Options.MaxFlows is 0.
 	DefaultMaxFlows = 65536
-	// MaxSockets is the number of slots in the xsks map: valid slots are
-	// 0..MaxSockets-1.
+	// MaxSockets is the default number of slots in the xsks map (valid
+	// slots 0..MaxSockets-1); Options.Queues raises it for NICs with more
+	// queues.
 	MaxSockets = 64
 )
 
@@ -67,6 +68,8 @@ const (
 	counterNoSocket
 	counterFragments
 	counterMalformed
+	counterOtherQueue
+	counterNoQueueSocket
 	counterMax
 )
 

@@ -124,6 +124,9 @@ func (c Counters) sub(o Counters) Counters {
 		NoSocket:   c.NoSocket - o.NoSocket,
 		Fragments:  c.Fragments - o.Fragments,
 		Malformed:  c.Malformed - o.Malformed,
+
+		OtherQueue:    c.OtherQueue - o.OtherQueue,
+		NoQueueSocket: c.NoQueueSocket - o.NoQueueSocket,
 	}
 }
 

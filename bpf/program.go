@@ -51,6 +51,10 @@ func (m AttachMode) flags() link.XDPAttachFlags {
 type Options struct {
 	Mode     AttachMode // ModeAuto (0): native first, generic if the driver refuses
 	MaxFlows uint32     // capacity of the flows map; 0 = DefaultMaxFlows
+	// Queues is how many receive queues the interface can have (its
+	// allocated count, which `ethtool -L` cannot exceed); the xsks map gets
+	// a slot per queue, at least MaxSockets.
+	Queues int
 	// RXTimestamps asks for the device-bound variant that writes each
 	// redirected frame's hardware receive timestamp into its metadata
 	// area (see RXMeta). It runs in native mode only; when the driver or
@@ -66,6 +70,13 @@ type Counters struct {
 	NoSocket   uint64 // frames that matched a flow whose slot has no socket: handed to the kernel
 	Fragments  uint64 // IP fragments redirected (a subset of Redirected)
 	Malformed  uint64 // truncated or inconsistent headers: handed to the kernel
+	// OtherQueue counts frames redirected to the socket of the queue that
+	// received them rather than their flow's home slot (a subset of
+	// Redirected): the receiving ring hands them on.
+	OtherQueue uint64
+	// NoQueueSocket counts frames of a flow that arrived on a queue with
+	// no socket (a queue no ring serves): handed to the kernel.
+	NoQueueSocket uint64
 }
 
 // Program is the steering program attached to one interface. Map updates
@@ -80,6 +91,7 @@ type Program struct {
 	prog    *ebpf.Program
 	link    link.Link
 	ifindex int
+	slots   uint32 // size of the xsks map
 	mode    AttachMode
 	// fallback is why native mode was refused when ModeAuto chose generic.
 	fallback error
@@ -130,8 +142,13 @@ func Attach(ifindex int, opts Options) (*Program, error) {
 		return nil, fmt.Errorf("bpf: read embedded steering object: %w", err)
 	}
 	spec.Maps[steerMapFlows].MaxEntries = maxFlows
+	if opts.Queues < 0 {
+		return nil, fmt.Errorf("bpf: attach: negative queue count %d", opts.Queues)
+	}
+	slots := uint32(max(opts.Queues, MaxSockets))
+	spec.Maps[steerMapXsks].MaxEntries = slots
 
-	p := &Program{ifindex: ifindex}
+	p := &Program{ifindex: ifindex, slots: slots}
 	if opts.RXTimestamps {
 		if opts.Mode == ModeGeneric {
 			p.tsRefused = errors.New("hardware receive timestamps need native XDP (device-bound programs do not run in generic mode)")
@@ -280,6 +297,9 @@ func (p *Program) RXTimestamps() bool { return p.rxts }
 // (nil when it was, or was not asked for).
 func (p *Program) RXTimestampsRefused() error { return p.tsRefused }
 
+// Slots is the size of the xsks map: valid slots are 0..Slots()-1.
+func (p *Program) Slots() int { return int(p.slots) }
+
 // Ifindex is the interface the program was attached to.
 func (p *Program) Ifindex() int { return p.ifindex }
 
@@ -289,8 +309,8 @@ func (p *Program) AddFlow(f Flow, slot uint32) error {
 	if err != nil {
 		return err
 	}
-	if slot >= MaxSockets {
-		return fmt.Errorf("bpf: add flow %s: slot %d out of range (0..%d)", f, slot, MaxSockets-1)
+	if slot >= p.slots {
+		return fmt.Errorf("bpf: add flow %s: slot %d out of range (0..%d)", f, slot, p.slots-1)
 	}
 	p.mu.RLock()
 	defer p.mu.RUnlock()
@@ -387,8 +407,8 @@ func (p *Program) Flows() (map[Flow]uint32, error) {
 // to this interface; the kernel keeps its own reference, so the caller may
 // close its fd only when it wants the socket gone.
 func (p *Program) SetSocket(slot uint32, xskFD int) error {
-	if slot >= MaxSockets {
-		return fmt.Errorf("bpf: set socket: slot %d out of range (0..%d)", slot, MaxSockets-1)
+	if slot >= p.slots {
+		return fmt.Errorf("bpf: set socket: slot %d out of range (0..%d)", slot, p.slots-1)
 	}
 	if xskFD < 0 {
 		return fmt.Errorf("bpf: set socket at slot %d: invalid fd %d", slot, xskFD)
@@ -410,8 +430,8 @@ func (p *Program) SetSocket(slot uint32, xskFD int) error {
 // ClearSocket empties slot; frames of flows pointing at it then go to the
 // kernel and count as NoSocket. Clearing an empty slot is not an error.
 func (p *Program) ClearSocket(slot uint32) error {
-	if slot >= MaxSockets {
-		return fmt.Errorf("bpf: clear socket: slot %d out of range (0..%d)", slot, MaxSockets-1)
+	if slot >= p.slots {
+		return fmt.Errorf("bpf: clear socket: slot %d out of range (0..%d)", slot, p.slots-1)
 	}
 	p.mu.RLock()
 	defer p.mu.RUnlock()
@@ -447,6 +467,9 @@ func (p *Program) Counters() (Counters, error) {
 		NoSocket:   sums[counterNoSocket],
 		Fragments:  sums[counterFragments],
 		Malformed:  sums[counterMalformed],
+
+		OtherQueue:    sums[counterOtherQueue],
+		NoQueueSocket: sums[counterNoQueueSocket],
 	}, nil
 }
 

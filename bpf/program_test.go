@@ -517,7 +517,8 @@ func testSteering(t *testing.T, fam family, mode AttachMode) {
 	pinned := lab.B.NS.ListenUDP(t, netip.AddrPortFrom(addrB, 0)) // the 5-tuple's source
 	anySrc := lab.B.NS.ListenUDP(t, netip.AddrPortFrom(addrB, 0))
 
-	const xskSlot, emptySlot = 1, 2
+	// The socket is bound to queue 0, the only one: its slot is 0.
+	const xskSlot, emptySlot = 0, 2
 	x := newTestXSK(t, lab.A.NS, lab.A.Index)
 	if err := p.SetSocket(xskSlot, x.fd); err != nil {
 		t.Fatal(err)

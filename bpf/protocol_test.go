@@ -151,12 +151,12 @@ func TestIPv6ExtensionHeaders(t *testing.T) {
 	lab := netlab.NewPair(t, netlab.Options{})
 	p := attachIn(t, lab.A, Options{})
 	x := newTestXSK(t, lab.A.NS, lab.A.Index)
-	if err := p.SetSocket(3, x.fd); err != nil {
+	if err := p.SetSocket(0, x.fd); err != nil {
 		t.Fatal(err)
 	}
 	kernel := lab.A.NS.ListenUDP(t, netip.AddrPortFrom(lab.A.Addr6(), 0))
 	dst := netip.AddrPortFrom(lab.A.Addr6(), localPort(kernel))
-	if err := p.AddFlow(Flow{Proto: unix.IPPROTO_UDP, Dst: dst}, 3); err != nil {
+	if err := p.AddFlow(Flow{Proto: unix.IPPROTO_UDP, Dst: dst}, 0); err != nil {
 		t.Fatal(err)
 	}
 	sender := lab.B.NS.ListenUDP(t, netip.AddrPortFrom(lab.B.Addr6(), 0))
@@ -198,7 +198,7 @@ func TestIPv6ExtensionHeaders(t *testing.T) {
 	}
 	assertNoFragState(t, p)
 
-	if err := p.ClearSocket(3); err != nil {
+	if err := p.ClearSocket(0); err != nil {
 		t.Fatal(err)
 	}
 	send(t, sender, dst, big)

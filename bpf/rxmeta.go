@@ -28,3 +28,25 @@ func ParseRXMeta(b []byte) (ts uint64, status int32, present bool) {
 	}
 	return binary.LittleEndian.Uint64(b[0:]), int32(binary.LittleEndian.Uint32(b[8:])), true
 }
+
+// FlowMeta layout: what both variants of the program write in front of
+// every redirected frame, before RXMeta when the timestamping variant wrote
+// one (struct flow_meta in c/steer.c):
+//
+//	off size field
+//	  0    4 home: the flow's slot, the queue of the ring that owns it
+//	  4    4 magic: FlowMetaMagic
+const (
+	FlowMetaSize  = 8
+	FlowMetaMagic = 0x62646674
+)
+
+// ParseFlowMeta decodes the FlowMetaSize bytes of a flow tag. present is
+// false when the program did not write them (a driver without metadata
+// room): then the frame arrived on its flow's home queue.
+func ParseFlowMeta(b []byte) (home uint32, present bool) {
+	if len(b) < FlowMetaSize || binary.LittleEndian.Uint32(b[4:]) != FlowMetaMagic {
+		return 0, false
+	}
+	return binary.LittleEndian.Uint32(b[0:]), true
+}

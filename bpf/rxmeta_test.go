@@ -44,14 +44,14 @@ func TestRXMetaLayout(t *testing.T) {
 }
 
 // metaFrames returns the frames received so far with the metadata bytes in
-// front of each.
+// front of each: the flow tag, then RXMeta.
 func (x *testXSK) metaFrames() (frames, metas [][]byte) {
 	prod := atomic.LoadUint32(x.rxProd)
 	cons := atomic.LoadUint32(x.rxCons)
 	for ; cons != prod; cons++ {
 		d := x.rxDescs[cons%xskRingSize]
 		frames = append(frames, bytes.Clone(x.umem[d.Addr:d.Addr+uint64(d.Len)]))
-		metas = append(metas, bytes.Clone(x.umem[d.Addr-RXMetaSize:d.Addr]))
+		metas = append(metas, bytes.Clone(x.umem[d.Addr-RXMetaSize-FlowMetaSize:d.Addr]))
 	}
 	atomic.StoreUint32(x.rxCons, cons)
 	return frames, metas
@@ -97,7 +97,10 @@ func TestRXTimestampsVariant(t *testing.T) {
 		t.Fatalf("received %d frames, want %d", len(frames), n)
 	}
 	for i, m := range metas {
-		ts, status, ok := ParseRXMeta(m)
+		if home, ok := ParseFlowMeta(m); !ok || home != 0 {
+			t.Fatalf("frame %d: flow tag present %v home %d, want home 0 in front of the timestamp", i, ok, home)
+		}
+		ts, status, ok := ParseRXMeta(m[FlowMetaSize:])
 		t.Logf("frame %d: metadata % x: present %v ts %d status %d", i, m, ok, ts, status)
 		if !ok {
 			t.Fatalf("frame %d: no metadata in front of the frame in copy mode", i)

@@ -42,6 +42,12 @@ type Stats struct {
 	TXLinkDown atomic.Uint64
 	// Wakeups counts times the engine slept and woke up.
 	Wakeups atomic.Uint64
+	// RXHandedOff counts frames this ring received for a flow homed on
+	// another ring of the interface and passed to that ring (handoff.go);
+	// RXHandoffDropped those it could not (the home ring's inbox full, or
+	// no ring on the home queue); RXHandoffIn frames other rings passed to
+	// this one (counted before parsing, like RXBurst's frames).
+	RXHandedOff, RXHandoffDropped, RXHandoffIn atomic.Uint64
 	// TXPaced counts datagrams sent from paced endpoints; TXPaceWaits
 	// times a paced endpoint's next datagram waited for its departure
 	// time; TXPaceLate those waits that ended later than the burst
@@ -118,10 +124,12 @@ type engine struct {
 	// backlog holds built frames the TX ring had no room for.
 	backlog []qp.Frame
 	touched []*Endpoint
-	dests   map[netip.Addr]*dest
-	tmpls   map[tmplKey]tmplEntry
-	gen     uint64
-	reasm   *reassembly.Reassembler
+	// woken lists the rings this burst handed frames to (handoff.go).
+	woken []*Ring
+	dests map[netip.Addr]*dest
+	tmpls map[tmplKey]tmplEntry
+	gen   uint64
+	reasm *reassembly.Reassembler
 	// reasmStats is published for readers on other goroutines.
 	reasmStats atomic.Pointer[reassembly.Stats]
 	lastExpire time.Time
@@ -263,7 +271,7 @@ func (e *engine) sleep(t *table) error {
 		}
 	}
 	timeout := e.paceTimeout(time.Second)
-	if pending || len(e.backlog) > 0 || r.prov.TXPending() > 0 || e.tcpPending() {
+	if pending || len(e.backlog) > 0 || r.prov.TXPending() > 0 || e.tcpPending() || (r.inbox != nil && r.inbox.pending()) {
 		timeout = 0
 	}
 	if timeout > 0 {
@@ -283,77 +291,133 @@ func (e *engine) sleep(t *table) error {
 	return nil
 }
 
-// receive moves one burst of frames from the provider to endpoints.
+// receive moves one burst of frames from the provider to endpoints, and
+// one burst of frames other rings handed over.
 func (e *engine) receive() int {
 	r := e.r
 	n := r.prov.RXBurst(e.rx)
+	handed := e.receiveHandoffs()
 	if n == 0 {
-		return 0
+		return handed
 	}
-	var pkts, bytes uint64
-	var f packet.Frame
-	fragments := false
-	now := time.Now()
-	ts := now.UnixNano()
-	t := r.table.Load()
+	var rs rxBurst
+	rs.start(r)
+	own := uint32(r.cfg.Queue)
 	for i := 0; i < n; i++ {
-		if err := packet.Parse(e.rx[i].Buf, &f); err != nil {
-			r.stats.RXMalformed.Add(1)
+		if fr := &e.rx[i]; fr.Tagged && fr.Home != own && r.group != nil {
+			e.handOff(fr)
 			continue
 		}
-		switch f.Kind {
-		case packet.KindUDP:
-			if !r.cfg.SkipRXChecksum && (f.UDPChecksum != 0 || f.Dst.Addr().Is6()) && !f.VerifyUDP() {
-				r.stats.RXChecksum.Add(1)
-				continue
-			}
-			if e.deliver(t, f.Src, f.Dst, f.Payload, e.stamps(ts, e.rx[i].HWTimestamp)) {
-				pkts++
-				bytes += uint64(len(f.Payload))
-			}
-		case packet.KindFragment:
-			k := reassembly.Key{Src: f.Src.Addr(), Dst: f.Dst.Addr(), ID: f.FragID, Proto: f.Proto}
-			seg, done, err := e.reasm.Add(k, f.FragOff, f.More, f.Payload, now)
-			fragments = true
-			if err != nil || !done {
-				continue
-			}
-			sport, dport, payload, err := packet.ParseUDPSegment(seg)
-			if err != nil || f.Proto != packet.ProtoUDP {
-				r.stats.RXMalformed.Add(1)
-				continue
-			}
-			if !r.cfg.SkipRXChecksum && !packet.VerifyUDP(k.Src, k.Dst, seg) {
-				r.stats.RXChecksum.Add(1)
-				continue
-			}
-			src, dst := netip.AddrPortFrom(k.Src, sport), netip.AddrPortFrom(k.Dst, dport)
-			// The frame that completed the datagram gives its hardware
-			// stamp.
-			if e.deliver(t, src, dst, payload, e.stamps(ts, e.rx[i].HWTimestamp)) {
-				pkts++
-				bytes += uint64(len(payload))
-			}
-		case packet.KindOther:
-			if f.Proto == packet.ProtoTCP && e.tcpReceive(e.rx[i].Buf) {
-				r.stats.TCPRXPackets.Add(1)
-				r.stats.TCPRXBytes.Add(uint64(len(e.rx[i].Buf)))
-				continue
-			}
-			r.stats.RXMalformed.Add(1)
-		default:
-			r.stats.RXMalformed.Add(1)
-		}
+		e.rxFrame(&rs, e.rx[i].Buf, e.rx[i].HWTimestamp)
 	}
 	r.prov.ReleaseRX(e.rx[:n])
-	if fragments {
+	e.wakeHomes()
+	e.finishBurst(&rs)
+	return n + handed
+}
+
+// receiveHandoffs takes up to a batch of frames from the ring's inbox.
+func (e *engine) receiveHandoffs() int {
+	r := e.r
+	if r.inbox == nil || !r.inbox.pending() {
+		return 0
+	}
+	var rs rxBurst
+	rs.start(r)
+	n := 0
+	for ; n < r.cfg.Batch; n++ {
+		buf, hwts, ok := r.inbox.peek()
+		if !ok {
+			break
+		}
+		e.rxFrame(&rs, buf, hwts)
+		r.inbox.pop()
+	}
+	r.stats.RXHandoffIn.Add(uint64(n))
+	e.finishBurst(&rs)
+	return n
+}
+
+// rxBurst is the state of one receive burst.
+type rxBurst struct {
+	t         *table
+	now       time.Time
+	ts        int64
+	pkts      uint64
+	bytes     uint64
+	fragments bool
+	f         packet.Frame
+}
+
+func (rs *rxBurst) start(r *Ring) {
+	rs.now = time.Now()
+	rs.ts = rs.now.UnixNano()
+	rs.t = r.table.Load()
+}
+
+// rxFrame parses one received frame and delivers its datagram.
+func (e *engine) rxFrame(rs *rxBurst, buf []byte, hwts uint64) {
+	r := e.r
+	f := &rs.f
+	if err := packet.Parse(buf, f); err != nil {
+		r.stats.RXMalformed.Add(1)
+		return
+	}
+	switch f.Kind {
+	case packet.KindUDP:
+		if !r.cfg.SkipRXChecksum && (f.UDPChecksum != 0 || f.Dst.Addr().Is6()) && !f.VerifyUDP() {
+			r.stats.RXChecksum.Add(1)
+			return
+		}
+		if e.deliver(rs.t, f.Src, f.Dst, f.Payload, e.stamps(rs.ts, hwts)) {
+			rs.pkts++
+			rs.bytes += uint64(len(f.Payload))
+		}
+	case packet.KindFragment:
+		k := reassembly.Key{Src: f.Src.Addr(), Dst: f.Dst.Addr(), ID: f.FragID, Proto: f.Proto}
+		seg, done, err := e.reasm.Add(k, f.FragOff, f.More, f.Payload, rs.now)
+		rs.fragments = true
+		if err != nil || !done {
+			return
+		}
+		sport, dport, payload, err := packet.ParseUDPSegment(seg)
+		if err != nil || f.Proto != packet.ProtoUDP {
+			r.stats.RXMalformed.Add(1)
+			return
+		}
+		if !r.cfg.SkipRXChecksum && !packet.VerifyUDP(k.Src, k.Dst, seg) {
+			r.stats.RXChecksum.Add(1)
+			return
+		}
+		src, dst := netip.AddrPortFrom(k.Src, sport), netip.AddrPortFrom(k.Dst, dport)
+		// The frame that completed the datagram gives its hardware
+		// stamp.
+		if e.deliver(rs.t, src, dst, payload, e.stamps(rs.ts, hwts)) {
+			rs.pkts++
+			rs.bytes += uint64(len(payload))
+		}
+	case packet.KindOther:
+		if f.Proto == packet.ProtoTCP && e.tcpReceive(buf) {
+			r.stats.TCPRXPackets.Add(1)
+			r.stats.TCPRXBytes.Add(uint64(len(buf)))
+			return
+		}
+		r.stats.RXMalformed.Add(1)
+	default:
+		r.stats.RXMalformed.Add(1)
+	}
+}
+
+// finishBurst publishes a burst's counters and datagrams.
+func (e *engine) finishBurst(rs *rxBurst) {
+	r := e.r
+	if rs.fragments {
 		e.publishReassemblyStats()
 	}
 	// Counters first, so that a reader woken by the datagrams sees them.
-	r.stats.RXPackets.Add(pkts)
-	r.stats.RXBytes.Add(bytes)
+	r.stats.RXPackets.Add(rs.pkts)
+	r.stats.RXBytes.Add(rs.bytes)
 	e.publishTouched()
-	return n
 }
 
 // deliver copies one datagram into the RX queue of every endpoint bound to

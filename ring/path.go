@@ -32,8 +32,11 @@ type PathConfig struct {
 	Interface string
 	Ifindex   int
 	Queue     int
-	MAC       net.HardwareAddr
-	MTU       int
+	// Queues is how many receive queues the interface has allocated (the
+	// most `ethtool -L` can give it).
+	Queues int
+	MAC    net.HardwareAddr
+	MTU    int
 	// NS is the interface's network namespace (netns.None(): this
 	// process's); openers run on a thread that is in it.
 	NS netns.NsHandle

@@ -188,6 +188,12 @@ type Ring struct {
 	eng   engine
 	// tcp is the ring's TCP stack (tcp.go), created on first use.
 	tcp tcpState
+
+	// group is the interface's rings, where frames homed on another ring
+	// go; inbox is where the others put this ring's (handoff.go).
+	group    *ringGroup
+	groupKey progKey
+	inbox    *inbox
 }
 
 // Open creates the ring for cfg.Interface and cfg.Queue: opens the
@@ -243,7 +249,7 @@ func Open(cfg Config) (_ *Ring, err error) {
 		cfg.Provider = DefaultProvider
 		r.cfg.Provider = DefaultProvider
 	}
-	pc := PathConfig{Interface: cfg.Interface, Ifindex: r.ifindex, Queue: cfg.Queue,
+	pc := PathConfig{Interface: cfg.Interface, Ifindex: r.ifindex, Queue: cfg.Queue, Queues: attrs.NumRxQueues,
 		MAC: r.mac, MTU: r.mtu, NS: r.ns, Frames: cfg.Frames, FrameSize: cfg.FrameSize, Copy: cfg.Copy,
 		XDPMode: cfg.XDPMode, DeviceMemory: cfg.DevMemTX, HWTimestamps: deviceStamps(cfg),
 		Log: r.log}
@@ -288,6 +294,10 @@ func Open(cfg Config) (_ *Ring, err error) {
 		if prog := r.Program(); prog != nil && prog.RXTimestampsRefused() != nil {
 			fields = append(fields, zap.NamedError("hw_ts_xdp_refused", prog.RXTimestampsRefused()))
 		}
+	}
+	r.inbox = newInbox(handoffSlots, caps.FrameSize)
+	if err = r.joinGroup(); err != nil {
+		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
 	}
 	r.log.Info("ring open", fields...)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
@@ -358,6 +368,7 @@ func (r *Ring) Close() error {
 	r.closed = true
 	eps := r.table.Load().all
 	r.mu.Unlock()
+	r.leaveGroup()
 	for _, ep := range eps {
 		_ = ep.Close()
 	}

@@ -3,7 +3,6 @@ package ring
 import (
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/ring/afxdp"
@@ -19,7 +18,7 @@ func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	prog, err := acquireProgram(key, bpf.Options{Mode: pc.XDPMode, RXTimestamps: pc.HWTimestamps})
+	sp, err := acquireProgram(key, bpf.Options{Mode: pc.XDPMode, RXTimestamps: pc.HWTimestamps, Queues: pc.Queues})
 	if err != nil {
 		return nil, nil, fmt.Errorf("attach XDP program: %w", err)
 	}
@@ -28,6 +27,7 @@ func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 			_ = releaseProgram(key)
 		}
 	}()
+	prog := sp.prog
 	sock, err := afxdp.Open(afxdp.Config{Ifindex: pc.Ifindex, IfName: pc.Interface, Queue: pc.Queue,
 		Frames: pc.Frames, FrameSize: pc.FrameSize, Copy: pc.Copy, XDPMode: prog.Mode().String(),
 		DeviceMemory: pc.DeviceMemory, RXMetadata: prog.RXTimestamps()})
@@ -38,25 +38,22 @@ func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 		_ = sock.Close()
 		return nil, nil, fmt.Errorf("register socket in XSKMAP: %w", err)
 	}
-	return sock, &xdpSteering{key: key, prog: prog, slot: uint32(pc.Queue)}, nil
+	return sock, &xdpSteering{key: key, sp: sp, prog: prog, slot: uint32(pc.Queue)}, nil
 }
 
 // xdpSteering is the ring's view of the interface's XDP program: its flows
-// point at the ring's XSKMAP slot.
+// point at the ring's XSKMAP slot (the flows of several rings of the
+// interface are reference-counted in sp).
 type xdpSteering struct {
 	key  progKey
+	sp   *sharedProgram
 	prog *bpf.Program
 	slot uint32
 }
 
-func (s *xdpSteering) AddFlow(f qp.Flow) error { return s.prog.AddFlow(bpf.Flow(f), s.slot) }
+func (s *xdpSteering) AddFlow(f qp.Flow) error { return s.sp.addFlow(f, s.slot) }
 
-func (s *xdpSteering) DeleteFlow(f qp.Flow) error {
-	if err := s.prog.DeleteFlow(bpf.Flow(f)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return nil
-}
+func (s *xdpSteering) DeleteFlow(f qp.Flow) error { return s.sp.deleteFlow(f, s.slot) }
 
 // Flows lists the flows steered to this ring's slot (other rings of the
 // interface share the map).
@@ -90,9 +87,7 @@ func (s *xdpSteering) Healthy() error {
 // detaches the program.
 func (s *xdpSteering) Close() error {
 	var errs []error
-	flows, err := s.Flows()
-	errs = append(errs, err)
-	for _, f := range flows {
+	for _, f := range s.sp.slotFlows(s.slot) {
 		errs = append(errs, s.DeleteFlow(f))
 	}
 	errs = append(errs, s.prog.ClearSocket(s.slot), releaseProgram(s.key))

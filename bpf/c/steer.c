@@ -17,11 +17,16 @@
  * the attach is native (device-bound programs cannot run in generic mode).
  * steer_ts asks the driver for the frame's receive timestamp
  * (bpf_xdp_metadata_rx_timestamp) and writes a struct rx_meta in front of
- * every frame it redirects, where the AF_XDP reader finds it.
+ * every frame it redirects, where the AF_XDP reader finds it. Both write
+ * the flow's tag (struct flow_meta) in front of that.
+ *
+ * A flow's frames go to the AF_XDP socket of the queue that received them
+ * (ctx->rx_queue_index): the kernel drops frames redirected to a socket of
+ * another queue. The ring of that queue hands them to the flow's home ring.
  *
  * Layouts of flow_key, flow_val, frag_key and the counter indexes are
  * mirrored in Go (bpf/flow.go) and checked against this object's BTF;
- * rx_meta is mirrored in bpf/rxmeta.go and checked against what the loaded
+ * rx_meta and flow_meta are mirrored in bpf/rxmeta.go and checked against what the loaded
  * program writes.
  */
 #include "bpfdefs.h"
@@ -81,12 +86,27 @@ struct rx_meta {
 	__u32 magic;
 };
 
+/* Written in front of every redirected frame (in front of rx_meta when
+ * steer_ts wrote one): the flow's tag, which is its slot, the queue of the
+ * ring that owns the flow (its home). An AF_XDP socket accepts only frames
+ * of its own queue, so a frame RSS put on another queue is redirected to
+ * that queue's socket; the tag tells the receiving ring where to hand it
+ * without a second lookup. */
+#define FLOW_META_MAGIC 0x62646674 /* arbitrary: bytes "tfdb" in memory */
+struct flow_meta {
+	__u32 home;
+	__u32 magic;
+};
+
 enum counter_idx {
 	CNT_REDIRECTED = 0, /* frames redirected into an XSK (fragments included) */
 	CNT_PASSED,         /* frames that are not ours: XDP_PASS */
 	CNT_NO_SOCKET,      /* matched a flow but no XSK at the slot / redirect refused */
 	CNT_FRAGMENTS,      /* IP fragments redirected (subset of CNT_REDIRECTED) */
 	CNT_MALFORMED,      /* truncated or inconsistent headers: XDP_PASS */
+	CNT_OTHER_QUEUE,    /* redirected to the socket of the queue that received it,
+			     * not the flow's home (a subset of CNT_REDIRECTED) */
+	CNT_NO_QUEUE_SOCKET, /* matched a flow on a queue without a socket: XDP_PASS */
 	CNT_MAX,
 };
 
@@ -357,26 +377,57 @@ static __always_inline void stamp(struct xdp_md *ctx)
 	meta->magic = RX_META_MAGIC;
 }
 
-/* Redirects into xsks[slot] if a socket is there. The explicit lookup makes
- * NO_SOCKET exact; bpf_redirect_map's XDP_PASS fallback still covers a
- * socket removed between the lookup and the redirect. */
+/* Puts the flow's tag (its home slot) into the metadata area; non-zero
+ * when the driver cannot grow the area. */
+static __always_inline int tag(struct xdp_md *ctx, __u32 home)
+{
+	struct flow_meta *meta;
+
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)))
+		return -1;
+	meta = (void *)(long)ctx->data_meta;
+	if ((void *)(meta + 1) > (void *)(long)ctx->data)
+		return -1;
+	meta->home = home;
+	meta->magic = FLOW_META_MAGIC;
+	return 0;
+}
+
+/* Redirects a frame of the flow homed at slot into the socket of the queue
+ * that received it, tagged with the home slot. The explicit lookups make
+ * NO_SOCKET and NO_QUEUE_SOCKET exact; bpf_redirect_map's XDP_PASS fallback
+ * still covers a socket removed between the lookup and the redirect. */
 static __always_inline int redirect(struct xdp_md *ctx, __u32 slot,
 				    int fragment, int with_ts)
 {
+	__u32 rxq = ctx->rx_queue_index;
 	long act;
 
 	if (!bpf_map_lookup_elem(&xsks, &slot)) {
 		count(CNT_NO_SOCKET);
 		return XDP_PASS;
 	}
+	if (rxq != slot && !bpf_map_lookup_elem(&xsks, &rxq)) {
+		/* No ring serves the queue RSS chose: the socket at slot
+		 * would refuse the frame (wrong queue) and it would be lost. */
+		count(CNT_NO_QUEUE_SOCKET);
+		return XDP_PASS;
+	}
 	if (with_ts)
 		stamp(ctx);
-	act = bpf_redirect_map(&xsks, slot, XDP_PASS);
+	if (tag(ctx, slot) && rxq != slot) {
+		/* Untagged, the receiving ring could not find the home ring. */
+		count(CNT_NO_QUEUE_SOCKET);
+		return XDP_PASS;
+	}
+	act = bpf_redirect_map(&xsks, rxq, XDP_PASS);
 	if (act != XDP_REDIRECT) {
 		count(CNT_NO_SOCKET);
 		return XDP_PASS;
 	}
 	count(CNT_REDIRECTED);
+	if (rxq != slot)
+		count(CNT_OTHER_QUEUE);
 	if (fragment)
 		count(CNT_FRAGMENTS);
 	return XDP_REDIRECT;

@@ -334,36 +334,43 @@ func (s *Socket) RXBurst(frames []qp.Frame) int {
 		}
 		frames[i] = qp.Frame{Buf: s.umem[addr : addr+l : addr+l], Handle: addr}
 	}
-	if s.cfg.RXMetadata {
-		s.readMeta(frames[:n])
-	}
+	s.readMeta(frames[:n])
 	s.rx.cachedCons = cons + n
 	s.rx.publishConsumer(s.rx.cachedCons)
 	s.rxPackets.Add(uint64(n))
 	return int(n)
 }
 
-// readMeta takes the hardware timestamps out of the metadata in front of
-// the frames and clears its magic, so that the buffer's next frame, if the
-// program writes nothing for it, does not inherit a stale value.
+// readMeta takes the flow tags and hardware timestamps out of the
+// metadata in front of the frames (bpf.FlowMeta, preceded by bpf.RXMeta
+// with RXMetadata) and clears their magics, so that the buffer's next
+// frame, if the program writes nothing for it, does not inherit a stale
+// value.
 func (s *Socket) readMeta(frames []qp.Frame) {
 	var meta, stamped uint64
 	fs := uint64(s.cfg.FrameSize)
 	for i := range frames {
 		addr := frames[i].Handle
-		if addr%fs < bpf.RXMetaSize {
+		tagAt := addr
+		if s.cfg.RXMetadata && addr%fs >= bpf.RXMetaSize {
+			m := s.umem[addr-bpf.RXMetaSize : addr]
+			if ts, status, ok := bpf.ParseRXMeta(m); ok {
+				meta++
+				clear(m)
+				if status == 0 && ts != 0 {
+					frames[i].HWTimestamp = ts
+					stamped++
+				}
+				tagAt = addr - bpf.RXMetaSize
+			}
+		}
+		if tagAt%fs < bpf.FlowMetaSize {
 			continue // no room in front of the frame within its chunk
 		}
-		m := s.umem[addr-bpf.RXMetaSize : addr]
-		ts, status, ok := bpf.ParseRXMeta(m)
-		if !ok {
-			continue
-		}
-		meta++
-		clear(m)
-		if status == 0 && ts != 0 {
-			frames[i].HWTimestamp = ts
-			stamped++
+		m := s.umem[tagAt-bpf.FlowMetaSize : tagAt]
+		if home, ok := bpf.ParseFlowMeta(m); ok {
+			frames[i].Tagged, frames[i].Home = true, home
+			clear(m)
 		}
 	}
 	if meta > 0 {

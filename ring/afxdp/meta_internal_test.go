@@ -84,3 +84,54 @@ func BenchmarkReadMeta(b *testing.B) {
 		}
 	}
 }
+
+func putTag(umem []byte, at uint64, home uint32) {
+	m := umem[at-bpf.FlowMetaSize : at]
+	binary.LittleEndian.PutUint32(m[0:], home)
+	binary.LittleEndian.PutUint32(m[4:], bpf.FlowMetaMagic)
+}
+
+// TestReadFlowTags: the tag sits right before the frame with the plain
+// program and before RXMeta with the timestamping one; it is cleared once
+// read, so a reused buffer never carries a stale home.
+func TestReadFlowTags(t *testing.T) {
+	const headroom = 256
+	for _, ts := range []bool{false, true} {
+		s := metaSocket()
+		s.cfg.RXMetadata = ts
+		frames := []qp.Frame{
+			{Handle: 0*2048 + headroom}, // tagged home 3
+			{Handle: 1*2048 + headroom}, // tagged home 0
+			{Handle: 2*2048 + headroom}, // untagged
+			{Handle: 3*2048 + 4},        // no room in front within the chunk
+		}
+		at := func(f qp.Frame) uint64 {
+			if ts {
+				putMeta(s.umem, f.Handle, 0, 0)
+				return f.Handle - bpf.RXMetaSize
+			}
+			return f.Handle
+		}
+		putTag(s.umem, at(frames[0]), 3)
+		putTag(s.umem, at(frames[1]), 0)
+		s.readMeta(frames)
+		want := []struct {
+			tagged bool
+			home   uint32
+		}{{true, 3}, {true, 0}, {false, 0}, {false, 0}}
+		for i, f := range frames {
+			if f.Tagged != want[i].tagged || f.Home != want[i].home {
+				t.Errorf("timestamps %v, frame %d: tagged %v home %d, want %v %d", ts, i, f.Tagged, f.Home, want[i].tagged, want[i].home)
+			}
+		}
+		for i := range frames {
+			frames[i].Tagged, frames[i].Home = false, 0
+		}
+		s.readMeta(frames)
+		for i, f := range frames {
+			if f.Tagged {
+				t.Errorf("timestamps %v, frame %d: stale tag %d on reuse", ts, i, f.Home)
+			}
+		}
+	}
+}

@@ -36,6 +36,11 @@ type Frame struct {
 	// HWTimestamp is the hardware receive timestamp in device ticks, or 0
 	// when the provider or driver gives none (a normal case).
 	HWTimestamp uint64
+	// Tagged is set when the steering told which queue's ring owns the
+	// frame's flow (the XDP program's flow tag): Home is that queue. An
+	// untagged frame belongs to the ring that received it.
+	Tagged bool
+	Home   uint32
 	// SendQueue is, for TX, the rate-limited send queue the frame goes on
 	// (a number the engine gave RateLimiter.SetRateLimit); 0 is the
 	// provider's default, unpaced queue. Providers without RateLimiter
