@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -74,7 +73,11 @@ func (c clock) at(t int64) time.Time { return c.epoch.Add(time.Duration(t)) }
 
 // pacer spaces sends at a fixed rate in software. It spins for short waits
 // (a sleep cannot hit microsecond slots) and sleeps for long ones so a low
-// rate does not burn a core.
+// rate does not burn a core. The spin does not yield (runtime.Gosched): a
+// goroutine that keeps putting itself on the global run queue keeps the
+// other Ps finding work there, so none of them blocks in the netpoller, and
+// a receiving goroutine's datagram is noticed only by sysmon's 10 ms poll.
+// That made under-load report milliseconds where sockperf measured 17 µs.
 type pacer struct {
 	start  int64
 	period float64 // nanoseconds per message
@@ -88,8 +91,10 @@ const (
 
 // wait blocks until the next message is due and reports whether it is due
 // before end (and no stop was requested). When it is not, it waits until end,
-// so a paced run lasts its full duration like sockperf's.
-func (p *pacer) wait(c clock, end int64, stop *atomic.Bool) bool {
+// so a paced run lasts its full duration like sockperf's. A non-nil poll is
+// called on every turn of the wait, which then never sleeps; an error from
+// it ends the wait (false) and is returned.
+func (p *pacer) wait(c clock, end int64, stop *atomic.Bool, poll func() error) (bool, error) {
 	due := p.start + int64(float64(p.n)*p.period)
 	p.n++
 	last := due >= end
@@ -98,16 +103,19 @@ func (p *pacer) wait(c clock, end int64, stop *atomic.Bool) bool {
 	}
 	for {
 		if stop.Load() {
-			return false
+			return false, nil
+		}
+		if poll != nil {
+			if err := poll(); err != nil {
+				return false, err
+			}
 		}
 		d := due - c.now()
 		if d <= 0 {
-			return !last
+			return !last, nil
 		}
-		if time.Duration(d) > spinBelow {
+		if poll == nil && time.Duration(d) > spinBelow {
 			time.Sleep(time.Duration(d) - sleepSlop)
-		} else {
-			runtime.Gosched()
 		}
 	}
 }
@@ -269,7 +277,7 @@ func pingPong(cfg clientConfig, conn Conn, c clock, stop *atomic.Bool) (*latency
 	var seq uint64
 	for !stop.Load() {
 		if pace != nil {
-			if !pace.wait(c, end, stop) {
+			if ok, _ := pace.wait(c, end, stop, nil); !ok {
 				break
 			}
 		}
@@ -332,8 +340,13 @@ func checkReply(b []byte, from, server netip.AddrPort) (header, bool) {
 }
 
 // underLoad sends at --mps with every ReplyEvery-th message asking for a
-// reply, while a second goroutine collects the replies.
+// reply. Replies are collected by the sending goroutine itself while it
+// waits for its next send slot when the socket can be read without waiting
+// (Poller), else by a second goroutine.
 func underLoad(cfg clientConfig, conn Conn, c clock, stop *atomic.Bool) (*latencyRun, error) {
+	if p, ok := conn.(Poller); ok {
+		return underLoadPolling(cfg, conn, p, c, stop)
+	}
 	type result struct {
 		replies []reply
 		err     error
@@ -362,7 +375,63 @@ func underLoad(cfg clientConfig, conn Conn, c clock, stop *atomic.Bool) (*latenc
 			}
 		}
 	}()
+	run, sendErr := underLoadSend(cfg, conn, c, stop, nil)
+	// Like sockperf, give the replies to the last requests 100 ms.
+	receiving.Store(false)
+	if err := conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond)); err != nil && sendErr == nil {
+		sendErr = fmt.Errorf("set read deadline: %w", err)
+		_ = conn.Close() // unblocks the receiver
+	}
+	r := <-done
+	if sendErr != nil {
+		return nil, sendErr
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	run.Replies = r.replies
+	return run, nil
+}
 
+// underLoadPolling is under-load in one goroutine: between sends it reads
+// whatever replies are queued, as a single-threaded C client would. A
+// receiving goroutine's wake-up goes through Go's scheduler, which on a
+// busy 2-CPU machine added milliseconds to what was measured.
+func underLoadPolling(cfg clientConfig, conn Conn, p Poller, c clock, stop *atomic.Bool) (*latencyRun, error) {
+	rbuf := make([]byte, maxMessage+1)
+	var replies []reply
+	poll := func() error {
+		for {
+			n, from, ok, err := p.TryRead(rbuf)
+			if err != nil {
+				return fmt.Errorf("receive from %v: %w", cfg.Server, err)
+			}
+			if !ok {
+				return nil
+			}
+			t := c.now()
+			if h, ok := checkReply(rbuf[:n], from, cfg.Server); ok && h.Flags&flagPong != 0 {
+				replies = append(replies, reply{Seq: h.Seq, At: t})
+			}
+		}
+	}
+	run, err := underLoadSend(cfg, conn, c, stop, poll)
+	if err != nil {
+		return nil, err
+	}
+	// Like sockperf, give the replies to the last requests 100 ms.
+	for limit := c.now() + int64(100*time.Millisecond); c.now() < limit && !stop.Load(); {
+		if err := poll(); err != nil {
+			return nil, err
+		}
+	}
+	run.Replies = replies
+	return run, nil
+}
+
+// underLoadSend is under-load's sender; poll (if not nil) runs while it
+// waits for each send slot.
+func underLoadSend(cfg clientConfig, conn Conn, c clock, stop *atomic.Bool, poll func() error) (*latencyRun, error) {
 	msg := newMessage(cfg.MsgSize, flagClient)
 	run := &latencyRun{ReplyEvery: cfg.ReplyEvery}
 	start := c.now()
@@ -374,8 +443,18 @@ func underLoad(cfg clientConfig, conn Conn, c clock, stop *atomic.Bool) (*latenc
 	var seq uint64
 	var sendErr error
 	for !stop.Load() {
-		if pace != nil && !pace.wait(c, end, stop) {
-			break
+		if pace != nil {
+			ok, err := pace.wait(c, end, stop, poll)
+			if err != nil {
+				return nil, err
+			}
+			if !ok {
+				break
+			}
+		} else if poll != nil {
+			if err := poll(); err != nil {
+				return nil, err
+			}
 		}
 		t0 := c.now()
 		if t0 >= end {
@@ -401,21 +480,7 @@ func underLoad(cfg clientConfig, conn Conn, c clock, stop *atomic.Bool) (*latenc
 		}
 	}
 	run.Start, run.End, run.Sent = start, c.now(), seq
-	// Like sockperf, give the replies to the last requests 100 ms.
-	receiving.Store(false)
-	if err := conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond)); err != nil && sendErr == nil {
-		sendErr = fmt.Errorf("set read deadline: %w", err)
-		_ = conn.Close() // unblocks the receiver
-	}
-	r := <-done
-	if sendErr != nil {
-		return nil, sendErr
-	}
-	if r.err != nil {
-		return nil, r.err
-	}
-	run.Replies = r.replies
-	return run, nil
+	return run, sendErr
 }
 
 // throughput sends messages that ask for no reply (flags CLIENT) as fast as
@@ -439,7 +504,7 @@ func throughput(cfg clientConfig, conn Conn, c clock, stop *atomic.Bool) (uint64
 	var seq uint64
 	for !stop.Load() {
 		if pace != nil {
-			if !pace.wait(c, end, stop) {
+			if ok, _ := pace.wait(c, end, stop, nil); !ok {
 				break
 			}
 			pace.skip(batch - 1)

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"errors"
 	"net/netip"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/socket"
 )
@@ -44,6 +47,18 @@ type shimConn struct {
 
 var _ BatchConn = (*shimConn)(nil)
 var _ Pacer = (*shimConn)(nil)
+var _ Poller = (*shimConn)(nil)
+
+// TryRead reads in non-blocking mode (only the polling under-load reads
+// such a socket, so the mode stays set).
+func (c *shimConn) TryRead(b []byte) (int, netip.AddrPort, bool, error) {
+	c.SetNonblock(true)
+	n, from, err := c.ReadFromUDPAddrPort(b)
+	if errors.Is(err, unix.EAGAIN) {
+		return 0, netip.AddrPort{}, false, nil
+	}
+	return n, from, err == nil, err
+}
 
 func (c *shimConn) ReadBatch(msgs []Datagram) (int, error) {
 	if cap(c.scratch) < len(msgs) {

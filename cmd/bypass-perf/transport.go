@@ -45,6 +45,15 @@ type BatchConn interface {
 	WriteBatch(bufs [][]byte, dst netip.AddrPort) (int, error)
 }
 
+// Poller is implemented by transports that can read without waiting.
+// under-load then collects replies in its sending goroutine (see
+// underLoadPolling).
+type Poller interface {
+	// TryRead reads one datagram if one is queued; ok is false when none
+	// is.
+	TryRead(b []byte) (n int, from netip.AddrPort, ok bool, err error)
+}
+
 // Pacer is implemented by sockets that accept SO_MAX_PACING_RATE.
 type Pacer interface {
 	SetMaxPacingRate(bytesPerSec uint32) error
@@ -112,6 +121,38 @@ func (c *kernelConn) SetMaxPacingRate(bytesPerSec uint32) error {
 		return fmt.Errorf("setsockopt SO_MAX_PACING_RATE: %w", serr)
 	}
 	return nil
+}
+
+// TryRead is recvfrom(MSG_DONTWAIT) on the socket.
+func (c *kernelConn) TryRead(b []byte) (int, netip.AddrPort, bool, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, netip.AddrPort{}, false, err
+	}
+	var (
+		n    int
+		from unix.Sockaddr
+		rerr error
+	)
+	if err := rc.Read(func(fd uintptr) bool {
+		n, from, rerr = unix.Recvfrom(int(fd), b, unix.MSG_DONTWAIT)
+		return true // never wait in the netpoller
+	}); err != nil {
+		return 0, netip.AddrPort{}, false, err
+	}
+	switch {
+	case errors.Is(rerr, unix.EAGAIN), errors.Is(rerr, unix.EINTR):
+		return 0, netip.AddrPort{}, false, nil
+	case rerr != nil:
+		return 0, netip.AddrPort{}, false, rerr
+	}
+	switch sa := from.(type) {
+	case *unix.SockaddrInet4:
+		return n, netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port)), true, nil
+	case *unix.SockaddrInet6:
+		return n, netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port)), true, nil
+	}
+	return n, netip.AddrPort{}, true, nil
 }
 
 // isTimeout reports whether err is a read deadline expiring.

@@ -3,6 +3,7 @@ package preload
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/dgram"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/internal/shmsess"
 )
 
 // Golden vectors: the Go implementation writes control messages and a queue
@@ -76,10 +78,13 @@ func goldenRecord(i int) (dgram.Header, []byte) {
 
 const goldenRecords = 7
 
-// alignedMem returns n bytes at an 8-byte aligned address.
+// alignedMem returns n bytes at a page-aligned address (session memory
+// must be; queues need 8 bytes).
 func alignedMem(n int) []byte {
-	w := make([]uint64, (n+7)/8)
-	return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), n)
+	w := make([]uint64, (n+4096+7)/8)
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), len(w)*8)
+	skip := (4096 - int(uintptr(unsafe.Pointer(&b[0]))%4096)) % 4096
+	return b[skip : skip+n : skip+n]
 }
 
 // goQueueImage builds a 4 KiB queue whose records wrap around the end of
@@ -122,6 +127,63 @@ func goQueueImage(t *testing.T) []byte {
 	return mem
 }
 
+// Session memory (protocol version 2) of the golden test: 300 slots, 2
+// lanes, a 4-page arena. Go sets events for goldenEvents and arms lane 1's
+// engine sleep; C drains the events and announces goldenAnnounce.
+const (
+	goldenSlots = 300
+	goldenLanes = 2
+)
+
+var (
+	goldenEvents   = []int{0, 63, 64, 299}
+	goldenAnnounce = map[int][]int{0: {299}, 1: {7, 8}}
+)
+
+func goSessionImage(t *testing.T) []byte {
+	t.Helper()
+	l, err := shmsess.NewLayout(goldenSlots, goldenLanes, 4*shmsess.PageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := alignedMem(int(l.Size))
+	s, err := shmsess.Init(mem, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, slot := range goldenEvents {
+		s.Event(slot)
+	}
+	s.Lane(1).ArmSleep()
+	return mem
+}
+
+// checkCSession reads the session memory C wrote back.
+func checkCSession(t *testing.T, img []byte) {
+	t.Helper()
+	mem := alignedMem(len(img))
+	copy(mem, img)
+	s, err := shmsess.Attach(mem, goldenSlots, goldenLanes)
+	if err != nil {
+		t.Fatalf("attach the C session memory: %v", err)
+	}
+	if n := s.Events().Drain(func(int) {}); n != 0 {
+		t.Errorf("C left %d events undrained", n)
+	}
+	for lane, want := range goldenAnnounce {
+		var got []int
+		s.Lane(lane).Drain(func(slot int) { got = append(got, slot) })
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("lane %d announced %v, want %v", lane, got, want)
+		}
+	}
+	// C armed its sleep and found nothing pending: the daemon's next event
+	// must ask for a wake-up.
+	if !s.Event(5) {
+		t.Error("the client's sleep flag C armed is not set")
+	}
+}
+
 func TestGoldenAgainstC(t *testing.T) {
 	_, unit := built(t)
 	dir := t.TempDir()
@@ -131,6 +193,9 @@ func TestGoldenAgainstC(t *testing.T) {
 		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, "go_queue.bin"), goQueueImage(t), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go_session.bin"), goSessionImage(t), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(unit, dir)
@@ -176,4 +241,9 @@ func TestGoldenAgainstC(t *testing.T) {
 	if got := binary.LittleEndian.Uint32(img[0:]); got != shmq.Magic {
 		t.Fatalf("C queue magic %#x", got)
 	}
+	simg, err := os.ReadFile(filepath.Join(dir, "c_session.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkCSession(t, simg)
 }

@@ -166,6 +166,61 @@ BPD_HIDDEN int bpq_readable(struct bpq *q);
 BPD_HIDDEN int bpq_arm_read_wait(struct bpq *q);
 BPD_HIDDEN int bpq_disarm_read_wait(struct bpq *q); /* returns the old flag */
 
+/* ---- session memory of protocol version 2 (sessmem.c) ------------------
+ * Not yet used by the transport: the daemon speaks protocol version 1
+ * until issue 20's Go side lands; this is the C half of that layout, held
+ * to internal/shmsess by the golden test. */
+
+enum {
+	BPS_MAGIC = 0x53445042,
+	BPS_HEADER = 4096,
+	BPS_PAGE = 4096,
+	BPS_MAX_SLOTS = 64 * 64 * 64,
+	BPS_MAX_LANES = 64,
+};
+
+struct bps_layout {
+	uint64_t words, mids, bitmap_size, events_offset, lanes_offset, lane_stride, arena_offset,
+		arena_size, size;
+};
+
+struct bps_bitmap {
+	_Atomic uint64_t *summary, *mid, *leaf;
+	uint64_t mids, words;
+	uint32_t slots;
+};
+
+struct bps {
+	uint8_t *mem;
+	struct bps_layout l;
+	uint32_t slots, lanes;
+	_Atomic uint32_t *client_sleeping;
+	struct bps_bitmap events;
+	struct {
+		_Atomic uint32_t *engine_sleeping;
+		struct bps_bitmap announce;
+	} lane[BPS_MAX_LANES];
+};
+
+/* bps_layout computes the layout of slots sockets, lanes lanes and an
+ * arena of arena bytes; -1 when out of range. */
+BPD_HIDDEN int bps_layout(uint32_t slots, uint32_t lanes, uint64_t arena, struct bps_layout *l);
+/* bps_attach validates a mapped session memory of size bytes against the
+ * HELLO reply's slots and lanes: 0, or -1 when anything disagrees. */
+BPD_HIDDEN int bps_attach(struct bps *s, void *mem, uint64_t size, uint32_t slots, uint32_t lanes);
+BPD_HIDDEN void bps_set(struct bps_bitmap *b, uint32_t slot);
+BPD_HIDDEN int bps_pending(struct bps_bitmap *b);
+/* bps_drain visits every slot set (each at most once per drain). */
+BPD_HIDDEN int bps_drain(struct bps_bitmap *b, void (*visit)(uint32_t slot, void *arg), void *arg);
+/* bps_announce: 1 when the lane's engine sleeps and its doorbell must be
+ * written. */
+BPD_HIDDEN int bps_announce(struct bps *s, uint32_t lane, uint32_t slot);
+/* bps_arm_client_sleep: 1 when events are pending (do not sleep). */
+BPD_HIDDEN int bps_arm_client_sleep(struct bps *s);
+BPD_HIDDEN void bps_disarm_client_sleep(struct bps *s);
+/* bps_queue_ok: a queue of queue_bytes at off lies inside the arena. */
+BPD_HIDDEN int bps_queue_ok(const struct bps *s, uint64_t off, uint32_t queue_bytes);
+
 /* ---- logging (log.c) ---------------------------------------------------- */
 
 enum { BPD_LOG_ERROR = 0, BPD_LOG_WARN = 1, BPD_LOG_INFO = 2, BPD_LOG_DEBUG = 3 };

@@ -284,6 +284,63 @@ static void test_c_queue(void)
 		fclose(f);
 }
 
+static void visit_collect(uint32_t slot, void *arg)
+{
+	uint64_t *mask = arg; /* slots 0..299 folded: bit slot%64 of word slot/64 */
+	mask[slot / 64] |= 1ull << (slot % 64);
+}
+
+/* Session memory (protocol version 2), golden_test.go's goSessionImage. */
+static void test_session(void)
+{
+	struct bps_layout l;
+	CHECK(!bps_layout(300, 2, 4 * 4096, &l) && l.words == 5 && l.mids == 1 && l.bitmap_size == 192 &&
+		      l.lanes_offset == 8192 && l.lane_stride == 256 && l.arena_offset == 12288 &&
+		      l.size == 28672,
+	      "layout of 300 slots, 2 lanes");
+	/* The worked example of docs/shm-queue.md. */
+	CHECK(!bps_layout(16384, 2, 1ull << 30, &l) && l.bitmap_size == 2176 && l.lanes_offset == 8192 &&
+		      l.lane_stride == 2240 && l.arena_offset == 16384 && l.size == 1073758208,
+	      "the documented example");
+	CHECK(bps_layout(0, 1, 4096, &l) && bps_layout(1, 65, 4096, &l) && bps_layout(1, 1, 100, &l),
+	      "bad layouts accepted");
+
+	uint8_t *mem = aligned_alloc(4096, 28672);
+	size_t n = load("go_session.bin", mem, 28672);
+	CHECK(n == 28672, "go session image is %zu bytes", n);
+	struct bps s;
+	CHECK(bps_attach(&s, mem, 28672, 301, 2) == -1, "attach with the wrong slot count");
+	CHECK(bps_attach(&s, mem, 28672, 300, 1) == -1, "attach with the wrong lane count");
+	CHECK(bps_attach(&s, mem, 24576, 300, 2) == -1, "attach with the wrong size");
+	CHECK(bps_attach(&s, mem, 28672, 300, 2) == 0, "attach the Go session memory");
+	uint64_t mask[5] = {0};
+	CHECK(bps_drain(&s.events, visit_collect, mask) == 4 && mask[0] == (1ull | 1ull << 63) &&
+		      mask[1] == 1 && mask[4] == 1ull << (299 % 64),
+	      "events drained: %llx %llx %llx", (unsigned long long)mask[0],
+	      (unsigned long long)mask[1], (unsigned long long)mask[4]);
+	CHECK(bps_drain(&s.events, visit_collect, mask) == 0, "events drained twice");
+	CHECK(bps_announce(&s, 1, 7) == 1, "lane 1's engine sleeps: no doorbell asked");
+	CHECK(bps_announce(&s, 1, 8) == 0, "a second doorbell for one sleep");
+	CHECK(bps_announce(&s, 0, 299) == 0, "a doorbell for a running engine");
+	CHECK(bps_announce(&s, 2, 1) == 0 && bps_announce(&s, 0, 300) == 0, "out of range announced");
+	CHECK(bps_arm_client_sleep(&s) == 0, "pending events after the drain");
+	CHECK(bps_queue_ok(&s, 12288, 4096) && !bps_queue_ok(&s, 8192, 4096) &&
+		      !bps_queue_ok(&s, 28672 - 4096, 4096) && !bps_queue_ok(&s, 12289, 4096),
+	      "queue placement checks");
+	char path[512];
+	snprintf(path, sizeof(path), "%s/c_session.bin", dir);
+	FILE *f = fopen(path, "wb");
+	CHECK(f && fwrite(mem, 1, 28672, f) == 28672, "write %s", path);
+	if (f)
+		fclose(f);
+	/* A hostile peer's bits beyond the slots are ignored, never followed. */
+	atomic_store(s.events.summary, ~0ull);
+	atomic_store(&s.events.mid[0], ~0ull);
+	memset(mask, 0, sizeof(mask));
+	CHECK(bps_drain(&s.events, visit_collect, mask) == 0, "bits without leaves visited");
+	free(mem);
+}
+
 static void test_rules(void)
 {
 	struct bpd_rules rs;
@@ -326,11 +383,12 @@ int main(int argc, char **argv)
 	test_decoders();
 	test_go_queue();
 	test_c_queue();
+	test_session();
 	test_rules();
 	if (failures) {
 		fprintf(stderr, "%d failures\n", failures);
 		return 1;
 	}
-	printf("ok (encoders, decoders, queues both ways, rules)\n");
+	printf("ok (encoders, decoders, queues and session memory both ways, rules)\n");
 	return 0;
 }
