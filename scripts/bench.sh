@@ -10,6 +10,9 @@ echo
 echo "== ping-pong latency: bypass-perf on the shim vs sockperf on the kernel, same sockperf server"
 scripts/bench-latency.sh
 echo
+echo "== unmodified sockperf through libbypassd.so vs the kernel (ping-pong, under-load, throughput; bypassd spinning or not)"
+scripts/bench-preload.sh
+echo
 echo "== egress staging in device memory: off vs on, 1400-byte datagrams"
 scripts/bench-devmem.sh
 echo
