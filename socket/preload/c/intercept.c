@@ -430,8 +430,15 @@ static void announce_decided(void)
 	pthread_mutex_unlock(&decided_mu);
 }
 
+static void cancelled_await(void *arg)
+{
+	pthread_mutex_unlock(&decided_mu);
+	bpd_sock_unref(arg);
+}
+
 /* await_decided waits while s is pending and the receive may block.
- * Returns 0, or an errno (EAGAIN at SO_RCVTIMEO). */
+ * Returns 0, or an errno (EAGAIN at SO_RCVTIMEO). A cancellation point,
+ * like the receive it stands in for. */
 static int await_decided(int fd, struct bpd_sock *s, int flags)
 {
 	if ((flags & MSG_DONTWAIT) || atomic_load(&s->nonblock))
@@ -446,7 +453,9 @@ static int await_decided(int fd, struct bpd_sock *s, int flags)
 			ts.tv_sec++;
 			ts.tv_nsec -= 1000000000;
 		}
+		pthread_cleanup_push(cancelled_await, s);
 		pthread_cond_timedwait(&decided_cv, &decided_mu, &ts);
+		pthread_cleanup_pop(0);
 		if (deadline && bpd_now_us() >= deadline) {
 			pthread_mutex_unlock(&decided_mu);
 			return EAGAIN;

@@ -99,6 +99,10 @@ int64_t bpd_now_us(void)
 	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+/* libc's ppoll, not the raw system call: it is a cancellation point, as
+ * the recvfrom it stands in for is (sockperf cancels its receiving thread
+ * at the end of a test). Callers hold locks and a reference and push
+ * cleanup handlers that release them. */
 int bpd_wait_fd(int fd, int64_t timeout_us)
 {
 	struct pollfd p = {fd, POLLIN, 0};
@@ -108,8 +112,36 @@ int bpd_wait_fd(int fd, int64_t timeout_us)
 		ts.tv_nsec = (timeout_us % 1000000) * 1000;
 		tp = &ts;
 	}
-	long r = syscall(SYS_ppoll, &p, 1, tp, NULL, 0);
+	int r = ppoll(&p, 1, tp, NULL);
 	return r < 0 ? -1 : r > 0;
+}
+
+/* Cancellation cleanup of a thread cancelled while blocked in a data call:
+ * the call's lock and the reference intercept.c took for it. */
+static void cancelled_rx(void *arg)
+{
+	struct bpd_sock *s = arg;
+	pthread_mutex_unlock(&s->rxmu);
+	bpd_sock_unref(s);
+}
+
+static void cancelled_tx(void *arg)
+{
+	struct bpd_sock *s = arg;
+	pthread_mutex_unlock(&s->txmu);
+	bpd_sock_unref(s);
+}
+
+/* wait_cancellable is bpd_wait_fd with cleanup pushed (its own function:
+ * pthread_cleanup_push is a setjmp, which must not see the caller's
+ * locals). */
+static int wait_cancellable(int fd, int64_t timeout_us, void (*cleanup)(void *), struct bpd_sock *s)
+{
+	volatile int w = -1;
+	pthread_cleanup_push(cleanup, s);
+	w = bpd_wait_fd(fd, timeout_us);
+	pthread_cleanup_pop(0);
+	return w;
 }
 
 static int usable(struct bpd_sock *s)
@@ -416,7 +448,7 @@ static int wait_room(struct bpd_sock *s, uint32_t n, int64_t deadline)
 				return EAGAIN;
 			}
 		}
-		int w = bpd_wait_fd(s->txfd, left);
+		int w = wait_cancellable(s->txfd, left, cancelled_tx, s);
 		bpq_disarm_write_wait(&s->tx);
 		if (w < 0 && errno == EINTR)
 			return EINTR;
@@ -740,7 +772,7 @@ static ssize_t recv_one(struct bpd_sock *s, struct msghdr *m, int flags, int wai
 				return -1;
 			}
 		}
-		int w = bpd_wait_fd(s->rxfd, left);
+		int w = wait_cancellable(s->rxfd, left, cancelled_rx, s);
 		if (w < 0 && errno == EINTR)
 			return -1;
 	}
