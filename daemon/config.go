@@ -43,28 +43,49 @@ const (
 	MaxQueueBytes = 16 << 20
 )
 
-// maxQueueID is the highest queue id a ring can use (the XDP program's
-// XSKMAP has bpf.MaxSockets slots, indexed by queue id).
-const maxQueueID = bpf.MaxSockets - 1
+// maxQueueID is the highest queue id a ring can name: the XDP program's
+// XSKMAP grows with the interface's queues (bpf.Options.Queues), and the
+// kernel refuses a queue the interface does not have.
+const maxQueueID = 1<<16 - 1
 
-// Interface names one ring: an interface and one of its queues.
+// Interface names queues of an interface to serve, a ring each.
 type Interface struct {
-	Name  string
+	Name string
+	// Queue is the first (or only) queue.
 	Queue int
+	// Count is how many queues from Queue on: 0 or 1 for one, AllQueues
+	// for every receive queue the interface has (Config.Queues limits it).
+	Count int
 }
 
-func (i Interface) String() string { return i.Name + ":" + strconv.Itoa(i.Queue) }
+func (i Interface) String() string {
+	switch {
+	case i.Count == AllQueues && i.Queue == 0:
+		return i.Name
+	case i.Count == AllQueues:
+		return fmt.Sprintf("%s:%d-", i.Name, i.Queue)
+	case i.Count > 1:
+		return fmt.Sprintf("%s:%d-%d", i.Name, i.Queue, i.Queue+i.Count-1)
+	}
+	return i.Name + ":" + strconv.Itoa(i.Queue)
+}
 
-// ParseInterface parses "IFACE" (queue 0) or "IFACE:QUEUE".
+// ParseInterface parses "IFACE" (every receive queue), "IFACE:QUEUE" (one
+// queue) or "IFACE:FIRST-LAST" (a range of queues).
 func ParseInterface(s string) (Interface, error) {
 	name, q, hasQueue := strings.Cut(strings.TrimSpace(s), ":")
-	it := Interface{Name: name}
+	it := Interface{Name: name, Count: AllQueues}
 	if hasQueue {
-		n, err := strconv.Atoi(q)
-		if err != nil {
-			return Interface{}, fmt.Errorf("interface %q: queue %q is not a number (use IFACE or IFACE:QUEUE, e.g. eth1:0)", s, q)
+		lo, hi, isRange := strings.Cut(q, "-")
+		first, err := strconv.Atoi(lo)
+		last := first
+		if err == nil && isRange {
+			last, err = strconv.Atoi(hi)
 		}
-		it.Queue = n
+		if err != nil || last < first {
+			return Interface{}, fmt.Errorf("interface %q: queues %q are not a number or range (use IFACE, IFACE:QUEUE or IFACE:FIRST-LAST, e.g. eth1:0-3)", s, q)
+		}
+		it.Queue, it.Count = first, last-first+1
 	}
 	if err := it.validate(); err != nil {
 		return Interface{}, err
@@ -80,6 +101,8 @@ func (i Interface) validate() error {
 		return fmt.Errorf("interface %q: not a valid interface name (at most 15 characters, no '/', ':' or spaces)", i.Name)
 	case i.Queue < 0 || i.Queue > maxQueueID:
 		return fmt.Errorf("interface %s: queue %d out of range 0..%d", i.Name, i.Queue, maxQueueID)
+	case i.Count < AllQueues || i.Queue+max(i.Count, 1)-1 > maxQueueID:
+		return fmt.Errorf("interface %s: queues %d..%d out of range 0..%d", i.Name, i.Queue, i.Queue+i.Count-1, maxQueueID)
 	}
 	return nil
 }
@@ -87,9 +110,12 @@ func (i Interface) validate() error {
 // Config is everything the daemon is configured with. A zero field means
 // its default.
 type Config struct {
-	// Interfaces lists the rings to open, one per interface queue. At
+	// Interfaces lists the interface queues to serve, a ring each. At
 	// least one is required; an interface may appear with several queues.
 	Interfaces []Interface
+	// Queues limits an interface given without queues (Count AllQueues)
+	// to its first Queues receive queues (0: all of them).
+	Queues int
 
 	// SocketPath is the control socket (default ctlproto.DefaultPath).
 	SocketPath string
@@ -143,7 +169,10 @@ type Config struct {
 	// XDPMode selects native or generic XDP (default: native, generic
 	// when the driver refuses).
 	XDPMode bpf.AttachMode
-	// CPUs pins the ring engine threads (empty: no pinning).
+	// CPUs pins the ring engine threads, the k-th ring on the k-th CPU of
+	// the list (wrapping). Empty: each ring on its queue's interrupt CPUs
+	// where /proc/interrupts names them, else spread over the allowed CPUs
+	// one per ring; a lone ring is not pinned.
 	CPUs []int
 	// HWTSConversion is the requested hardware timestamp conversion mode
 	// (BYPASSD_HW_TS_CONVERSION, VMA's modes 0..4; nil: 3, sync to
@@ -328,6 +357,9 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if !c.HWTSConversion.Valid() {
 		return r, fmt.Errorf("hardware timestamp conversion mode %d: use 0 (disable), 1 (raw), 2 (best), 3 (sync) or 4 (ptp)", int(*c.HWTSConversion))
+	}
+	if c.Queues < 0 {
+		return r, fmt.Errorf("queues %d: give a count of queues per interface (0: all)", c.Queues)
 	}
 	for _, cpu := range c.CPUs {
 		if cpu < 0 || cpu >= 1<<16 {

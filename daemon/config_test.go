@@ -23,14 +23,18 @@ func TestParseInterface(t *testing.T) {
 		want Interface
 		err  string
 	}{
-		{in: "eth1", want: Interface{Name: "eth1"}},
-		{in: "eth1:3", want: Interface{Name: "eth1", Queue: 3}},
-		{in: " veth0:0 ", want: Interface{Name: "veth0"}},
+		{in: "eth1", want: Interface{Name: "eth1", Count: AllQueues}},
+		{in: "eth1:3", want: Interface{Name: "eth1", Queue: 3, Count: 1}},
+		{in: " veth0:0 ", want: Interface{Name: "veth0", Count: 1}},
+		{in: "eth1:0-3", want: Interface{Name: "eth1", Count: 4}},
+		{in: "eth1:2-2", want: Interface{Name: "eth1", Queue: 2, Count: 1}},
 		{in: "", err: "empty name"},
 		{in: ":1", err: "empty name"},
 		{in: "eth1:x", err: "not a number"},
-		{in: "eth1:-1", err: "out of range"},
-		{in: "eth1:64", err: "out of range"},
+		{in: "eth1:-1", err: "not a number or range"},
+		{in: "eth1:65536", err: "out of range"},
+		{in: "eth1:3-1", err: "not a number or range"},
+		{in: "eth1:0-", err: "not a number or range"},
 		{in: "a-very-long-interface", err: "not a valid interface name"},
 		{in: "eth1:2:3", err: "not a number"},
 	} {
@@ -45,8 +49,11 @@ func TestParseInterface(t *testing.T) {
 			t.Errorf("ParseInterface(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
 		}
 	}
-	if s := (Interface{Name: "eth1", Queue: 2}).String(); s != "eth1:2" {
-		t.Errorf("String = %q", s)
+	for it, want := range map[Interface]string{{Name: "eth1", Queue: 2}: "eth1:2", {Name: "eth1", Count: AllQueues}: "eth1",
+		{Name: "eth1", Queue: 1, Count: 3}: "eth1:1-3", {Name: "eth1", Queue: 2, Count: AllQueues}: "eth1:2-"} {
+		if s := it.String(); s != want {
+			t.Errorf("String of %#v = %q, want %q", it, s, want)
+		}
 	}
 }
 
@@ -75,7 +82,9 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"no interface", func(c *Config) { c.Interfaces = nil }, "at least one"},
 		{"duplicate", func(c *Config) { c.Interfaces = append(c.Interfaces, Interface{Name: "eth1"}) }, "given twice"},
-		{"bad queue", func(c *Config) { c.Interfaces[0].Queue = 99 }, "out of range"},
+		{"bad queue", func(c *Config) { c.Interfaces[0].Queue = 1 << 16 }, "out of range"},
+		{"bad count", func(c *Config) { c.Interfaces[0].Count = -2 }, "out of range"},
+		{"negative queues", func(c *Config) { c.Queues = -1 }, "queues -1"},
 		{"relative socket", func(c *Config) { c.SocketPath = "ctl.sock" }, "absolute path"},
 		{"mode bits", func(c *Config) { c.SocketMode = os.ModeSetuid | 0o660 }, "permission bits"},
 		{"group", func(c *Config) { c.SocketGroup = "no-such-group-bypassd" }, "groupadd"},

@@ -86,6 +86,8 @@ type ringInfo struct {
 	cfg ring.Config
 	// down is why the ring's interface is gone (nil: the ring serves).
 	down atomic.Pointer[error]
+	// homed counts the sockets whose home this ring is (see homeRing).
+	homed atomic.Int64
 }
 
 // ring returns the ring now serving ri.
@@ -118,6 +120,18 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 	if d.ln, err = ctlproto.Listen(rc.SocketPath, rc.SocketMode, rc.socketGID); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
+	if d.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
+		return nil, fmt.Errorf("daemon: netlink: %w", err)
+	}
+	if rc.Interfaces, err = expandInterfaces(rc.Interfaces, rc.Queues, func(name string) (int, error) {
+		return rxQueueCount(d.nl, name)
+	}); err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	if err := checkDevMem(rc.Config); err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	d.cfg.Interfaces = rc.Interfaces
 	locked := map[string]bool{}
 	for _, it := range rc.Interfaces {
 		if locked[it.Name] {
@@ -129,9 +143,6 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 		}
 		d.locks = append(d.locks, l)
 		locked[it.Name] = true
-	}
-	if d.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
-		return nil, fmt.Errorf("daemon: netlink: %w", err)
 	}
 	if d.netns, err = netns.Get(); err != nil {
 		return nil, fmt.Errorf("daemon: open the network namespace: %w", err)
@@ -149,7 +160,8 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 			d.devices = append(d.devices, probeDevice(it.Name, d.nl, log))
 		}
 	}
-	for _, it := range rc.Interfaces {
+	cpus := engineCPUs(rc.Interfaces, rc.CPUs, func(name string) string { return d.device(name).bus })
+	for k, it := range rc.Interfaces {
 		rlog := log.With(zap.String("iface", it.Name), zap.Int("queue", it.Queue))
 		rcfg := ring.Config{
 			Fallback:         fallback,
@@ -159,7 +171,7 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 			Provider:         chooseProvider(rc.Provider, d.device(it.Name).rdma, rlog),
 			Frames:           rc.Frames,
 			XDPMode:          rc.XDPMode,
-			CPUs:             rc.CPUs,
+			CPUs:             cpus[k],
 			RealtimePriority: rc.EnginePriority,
 			Poll:             rc.EnginePoll,
 			RXPoll:           rc.RXPoll,

@@ -670,31 +670,52 @@ const manySockets = 1000
 
 func TestManySocketsReleasedOnKill(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{QueueBytes: 4096})
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
+	for _, queues := range []int{1, 4} {
+		t.Run(fmt.Sprintf("%d queues", queues), func(t *testing.T) {
+			l := newLabQueues(t, Config{QueueBytes: 4096}, queues)
+			if n := len(l.d.Rings()); n != queues {
+				t.Fatalf("%d rings on a %d-queue interface", n, queues)
+			}
+			self, err := os.Executable()
+			if err != nil {
+				t.Fatal(err)
+			}
+			env := []string{envSocket + "=" + l.cfg.SocketPath, envAddr + "=" + l.p.A.Addr4().String()}
+			ch := startChild(t, self, "hold-many", env, nil)
+			if got := ch.line(t); got != "bound" {
+				t.Fatalf("child: %q (stderr: %s)", got, ch.err.String())
+			}
+			if n := len(l.flows(t)); n != manySockets {
+				t.Fatalf("%d flows for %d bound sockets", n, manySockets)
+			}
+			for i, r := range l.d.Rings() {
+				if r.Endpoints() == 0 {
+					t.Errorf("ring %d has no socket: sockets are not spread", i)
+				}
+			}
+			start := time.Now()
+			if err := ch.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			_ = ch.cmd.Wait()
+			// Release must be complete, not fast: how fast is make bench's
+			// business, and on a loaded 2-core machine a second is not enough.
+			for len(l.flows(t)) != 0 && time.Since(start) < 20*time.Second {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if n := len(l.flows(t)); n != 0 {
+				t.Fatalf("%d of %d flows left 20 s after kill -9", n, manySockets)
+			}
+			all, err := l.d.Rings()[0].Program().Flows()
+			if err != nil || len(all) != 0 {
+				t.Fatalf("XDP flow map after kill -9: %v, %v; want empty", all, err)
+			}
+			for i, ri := range l.d.rings {
+				if n := ri.homed.Load(); n != 0 {
+					t.Errorf("ring %d still counts %d homed sockets", i, n)
+				}
+			}
+			t.Logf("%d sockets released %v after kill -9", manySockets, time.Since(start))
+		})
 	}
-	env := []string{envSocket + "=" + l.cfg.SocketPath, envAddr + "=" + l.p.A.Addr4().String()}
-	ch := startChild(t, self, "hold-many", env, nil)
-	if got := ch.line(t); got != "bound" {
-		t.Fatalf("child: %q (stderr: %s)", got, ch.err.String())
-	}
-	if n := len(l.flows(t)); n != manySockets {
-		t.Fatalf("%d flows for %d bound sockets", n, manySockets)
-	}
-	start := time.Now()
-	if err := ch.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = ch.cmd.Wait()
-	// Release must be complete, not fast: how fast is make bench's
-	// business, and on a loaded 2-core machine a second is not enough.
-	for len(l.flows(t)) != 0 && time.Since(start) < 20*time.Second {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := len(l.flows(t)); n != 0 {
-		t.Fatalf("%d of %d flows left 20 s after kill -9", n, manySockets)
-	}
-	t.Logf("%d sockets released %v after kill -9", manySockets, time.Since(start))
 }

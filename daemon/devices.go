@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/ctldoc"
+	"github.com/bypassd/bypassd/ring/ntuple"
 	"github.com/bypassd/bypassd/ring/phc"
 	"github.com/bypassd/bypassd/ring/verbs"
 )
@@ -22,6 +23,8 @@ type deviceFacts struct {
 	phc                int
 	driver, bus        string
 	rxQueues, txQueues int
+	// ntuple is nil when the NIC takes n-tuple flow rules, else why not.
+	ntuple error
 }
 
 // probeDevice gathers an interface's facts. Nothing here is fatal: a fact
@@ -44,6 +47,15 @@ func probeDevice(ifname string, nl *netlink.Handle, log *zap.Logger) *deviceFact
 	if link, err := nl.LinkByName(ifname); err == nil {
 		f.rxQueues, f.txQueues = link.Attrs().NumRxQueues, link.Attrs().NumTxQueues
 	}
+	if n, err := rxQueueCount(nl, ifname); err == nil {
+		f.rxQueues = n
+	}
+	dev, err := ntuple.Open(ifname)
+	if err == nil {
+		err = dev.Supported()
+		dev.Close()
+	}
+	f.ntuple = err
 	return f
 }
 
@@ -64,7 +76,10 @@ func (d *Daemon) queryDevices(*session) (any, error) {
 	for _, f := range d.devices {
 		dd := ctldoc.DeviceDoc{Interface: f.name, Driver: f.driver, BusInfo: f.bus,
 			RXQueues: f.rxQueues, TXQueues: f.txQueues, PHC: f.phc, Queues: []int{},
-			Pacing: "software", RDMA: f.rdma.Caps, RDMANote: f.rdma.Reason}
+			Pacing: "software", RDMA: f.rdma.Caps, RDMANote: f.rdma.Reason, Ntuple: f.ntuple == nil}
+		if f.ntuple != nil {
+			dd.NtupleNote = f.ntuple.Error()
+		}
 		first := true
 		for _, ri := range d.rings {
 			if ri.it.Name != f.name {
@@ -88,6 +103,14 @@ func (d *Daemon) queryDevices(*session) (any, error) {
 			}
 		}
 		slices.Sort(dd.Queues)
+		switch {
+		case len(dd.Queues) > 1:
+			dd.RSS = "handoff"
+		case f.rxQueues <= 1:
+			dd.RSS = "single queue"
+		default:
+			dd.RSS = "none"
+		}
 		doc.Devices = append(doc.Devices, dd)
 	}
 	return doc, nil

@@ -34,9 +34,12 @@
 //
 // A client wakes a sleeping ring engine through the ring's doorbell eventfd,
 // which the OPEN reply carries before the socket is bound. The daemon
-// therefore gives each socket a home ring at OPEN: the first configured
-// ring whose interface has an address of the socket's family. BIND must then
-// land on that ring; an address served only by another ring is refused with
-// EADDRNOTAVAIL. With one ring per address family (the usual set-up) this
-// never matters.
+// therefore gives each socket a home ring at OPEN: of the rings of the
+// first configured interface with an address of the socket's family (a ring
+// per receive queue by default, queues.go), the least loaded. BIND must then
+// land on that ring's interface, and binds on the home ring; an address of
+// another interface is refused with EADDRNOTAVAIL. With one interface per
+// address family (the usual set-up) this never matters. Frames of the
+// socket's flows that RSS puts on other queues reach it through the ring
+// that received them (ring/handoff.go).
 package daemon

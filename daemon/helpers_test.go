@@ -53,10 +53,17 @@ type lab struct {
 // Cleanup stops it and checks it shut down cleanly.
 func newLab(t *testing.T, cfg Config) *lab {
 	t.Helper()
-	p := netlab.NewPair(t, netlab.Options{})
+	return newLabQueues(t, cfg, 1)
+}
+
+// newLabQueues is newLab on a pair whose ends have queues receive and
+// transmit queues (the daemon serves every one of A's by default).
+func newLabQueues(t *testing.T, cfg Config, queues int) *lab {
+	t.Helper()
+	p := netlab.NewPair(t, netlab.Options{RxQueues: queues, TxQueues: queues})
 	dir := t.TempDir()
 	if cfg.Interfaces == nil {
-		cfg.Interfaces = []Interface{{Name: p.A.Name}}
+		cfg.Interfaces = []Interface{{Name: p.A.Name, Count: AllQueues}}
 	}
 	if cfg.SocketPath == "" {
 		cfg.SocketPath = filepath.Join(dir, "ctl.sock")
@@ -109,16 +116,18 @@ func (l *lab) stop() error {
 	return err
 }
 
-// flows returns the steering entries of the daemon's first ring.
+// flows returns the steering entries of the daemon's rings.
 func (l *lab) flows(t *testing.T) map[string]bool {
 	t.Helper()
-	fl, err := l.d.Rings()[0].Flows()
-	if err != nil {
-		t.Fatalf("flows: %v", err)
-	}
 	out := map[string]bool{}
-	for _, f := range fl {
-		out[f.Dst.String()] = true
+	for _, r := range l.d.Rings() {
+		fl, err := r.Flows()
+		if err != nil {
+			t.Fatalf("flows: %v", err)
+		}
+		for _, f := range fl {
+			out[f.Dst.String()] = true
+		}
 	}
 	return out
 }

@@ -18,6 +18,8 @@ import (
 // socket is one client socket: its shared memory, its eventfds and, once
 // bound, its ring endpoint. Only its session's goroutine touches it.
 type socket struct {
+	// unhomed: close has taken the socket off its home ring's count.
+	unhomed    bool
 	id         uint32
 	family     uint16 // unix.AF_INET or unix.AF_INET6
 	queueBytes int
@@ -76,6 +78,7 @@ func socketMemory(queueBytes int) int {
 // eventfds. It returns the memfd, which the caller sends and then closes.
 func newSocket(id uint32, family uint16, queueBytes int, home *ringInfo) (_ *socket, memfd int, err error) {
 	k := &socket{id: id, family: family, queueBytes: queueBytes, home: home, hdr: ring.DefaultHeaderOptions}
+	home.homed.Add(1)
 	size := socketMemory(queueBytes)
 	memfd, k.mem, err = shmq.CreateMemfd(fmt.Sprintf("bypassd-socket-%d", id), size)
 	if err != nil {
@@ -108,6 +111,10 @@ func newSocket(id uint32, family uint16, queueBytes int, home *ringInfo) (_ *soc
 // close releases everything the socket holds. The endpoint goes first:
 // once its Close returns the engine no longer touches the memory.
 func (k *socket) close() {
+	if !k.unhomed {
+		k.unhomed = true
+		k.home.homed.Add(-1)
+	}
 	if k.ep != nil {
 		_ = k.ep.Close()
 		k.ep = nil

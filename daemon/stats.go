@@ -555,6 +555,11 @@ func (d *Daemon) ringBlocks() []stats.Ring {
 		c[stats.RingXDPNoSocket] = xc.NoSocket
 		c[stats.RingXDPFragments] = xc.Fragments
 		c[stats.RingXDPMalformed] = xc.Malformed
+		c[stats.RingXDPOtherQueue] = xc.OtherQueue
+		c[stats.RingXDPNoQueueSocket] = xc.NoQueueSocket
+		c[stats.RingRXHandedOff] = rs.RXHandedOff.Load()
+		c[stats.RingRXHandoffIn] = rs.RXHandoffIn.Load()
+		c[stats.RingRXHandoffDropped] = rs.RXHandoffDropped.Load()
 		dm := r.DevMemStats()
 		b.DevMemAlloc = int64(dm.Capacity)
 		c[stats.RingDevMemStagedPackets] = dm.StagedPackets

@@ -1,12 +1,10 @@
 package ring_test
 
 import (
-	"context"
 	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -46,31 +44,6 @@ func newMQLab(t *testing.T, queues int) *mqLab {
 	return l
 }
 
-// queueDrops sums the per-queue drop counters `ethtool -S` shows for
-// ifname in ns (veth: rx_queue_N_drops and rx_queue_N_xdp_drops).
-func queueDrops(t *testing.T, ns *netlab.NS, ifname string) uint64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	out, err := ns.Command(ctx, "ethtool", "-S", ifname).CombinedOutput()
-	if err != nil {
-		t.Fatalf("ethtool -S %s: %v: %s", ifname, err, out)
-	}
-	var sum uint64
-	for _, line := range strings.Split(string(out), "\n") {
-		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !strings.HasPrefix(name, "rx_queue_") || !strings.HasSuffix(name, "drops") {
-			continue
-		}
-		n, err := strconv.ParseUint(strings.TrimSpace(val), 10, 64)
-		if err != nil {
-			t.Fatalf("ethtool -S %s: %q: %v", ifname, line, err)
-		}
-		sum += n
-	}
-	return sum
-}
-
 // TestEveryQueueNoLoss: 64 flows from distinct source ports, spread over 4
 // veth queues by the peer's transmit queue choice, to endpoints homed on
 // two of the four rings. Every datagram arrives, in order per flow, the
@@ -89,7 +62,7 @@ func TestEveryQueueNoLoss(t *testing.T) {
 		t.Cleanup(func() { _ = ep.Close() })
 		eps = append(eps, ep)
 	}
-	dropsBefore := queueDrops(t, l.p.A.NS, l.p.A.Name)
+	dropsBefore := queueDrops(t, l.p.A)
 	senders := make([]*net.UDPConn, flows)
 	for i := range senders {
 		senders[i] = l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
@@ -152,7 +125,7 @@ func TestEveryQueueNoLoss(t *testing.T) {
 	if delivered != flows*rounds {
 		t.Errorf("home rings delivered %d datagrams, want %d", delivered, flows*rounds)
 	}
-	if d := queueDrops(t, l.p.A.NS, l.p.A.Name) - dropsBefore; d != 0 {
+	if d := queueDrops(t, l.p.A) - dropsBefore; d != 0 {
 		t.Errorf("ethtool -S: %d frames dropped on A's queues", d)
 	}
 	prog := l.rings[0].Program()
@@ -177,4 +150,13 @@ func mqState(l *mqLab) string {
 		fmt.Fprintf(&b, "program: %+v\n", c)
 	}
 	return b.String()
+}
+
+func queueDrops(t *testing.T, l *netlab.Link) uint64 {
+	t.Helper()
+	n, err := l.QueueDrops()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 echo "== udpbench: 64-byte UDP, ring vs kernel (medians of 5 runs)"
 go run ./bench/udpbench -runs 5 -duration 2s "$@"
 echo
+echo "== every queue: ring vs kernel with 1, 2 and 4 veth queues (RX of 64 flows at one offered load, TX a sender per queue)"
+go run ./bench/udpbench -queues 1,2,4 -runs 3 -duration 2s
+echo
 echo "== ping-pong latency: bypass-perf on the shim vs sockperf on the kernel, same sockperf server"
 scripts/bench-latency.sh
 echo

@@ -113,6 +113,8 @@ var ringSeries = []struct {
 	{RingTAPTXPackets, counter("ring_tap_tx_packets_total", "Frames sent through the TAP.", ringLabels...)},
 	{RingTAPTXBytes, counter("ring_tap_tx_bytes_total", "Bytes of the frames sent through the TAP.", ringLabels...)},
 	{RingTAPTXDropped, counter("ring_tap_tx_dropped_packets_total", "Frames built for a lost fast path, dropped at the switch to the TAP.", ringLabels...)},
+	{RingRXHandedOff, counter("ring_handoff_out_packets_total", "Frames the ring received for a flow homed on another ring of the interface and passed to it.", ringLabels...)},
+	{RingRXHandoffIn, counter("ring_handoff_in_packets_total", "Frames other rings of the interface passed to this ring.", ringLabels...)},
 }
 
 var (
@@ -130,7 +132,8 @@ var (
 	rxDropReasons = []struct {
 		c      RingCounter
 		reason string
-	}{{RingRXNoEndpoint, "no_socket"}, {RingRXMalformed, "malformed"}, {RingRXChecksum, "checksum"}, {RingRXQueueFull, "queue_full"}}
+	}{{RingRXNoEndpoint, "no_socket"}, {RingRXMalformed, "malformed"}, {RingRXChecksum, "checksum"}, {RingRXQueueFull, "queue_full"},
+		{RingRXHandoffDropped, "handoff_full"}}
 	txDropReasons = []struct {
 		c      RingCounter
 		reason string
@@ -150,6 +153,8 @@ var (
 		{RingXDPNoSocket, counter("xdp_no_socket_packets_total", "Frames of an offloaded flow whose queue had no socket, left to the kernel.", "interface")},
 		{RingXDPFragments, counter("xdp_fragments_total", "IP fragments the XDP program redirected (part of the redirected frames).", "interface")},
 		{RingXDPMalformed, counter("xdp_malformed_packets_total", "Frames with truncated or inconsistent headers, left to the kernel.", "interface")},
+		{RingXDPOtherQueue, counter("xdp_other_queue_packets_total", "Frames redirected to the socket of the queue that received them rather than their flow's home ring's (handed over in the daemon).", "interface")},
+		{RingXDPNoQueueSocket, counter("xdp_no_queue_socket_packets_total", "Frames of an offloaded flow that arrived on a queue no ring serves, left to the kernel.", "interface")},
 		{RingRateEntries, gauge("rate_table_entries", "Pacing rate table entries in use.", "interface")},
 		{RingRateCapacity, gauge("rate_table_capacity", "Pacing rate table entries.", "interface")},
 		{RingRateShared, counter("rate_table_shared_total", "Pacing rates granted by sharing an entry.", "interface")},

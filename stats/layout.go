@@ -308,6 +308,11 @@ const (
 	RingTAPTXPackets                           // frames sent through the TAP
 	RingTAPTXBytes                             // their bytes (whole frames)
 	RingTAPTXDropped                           // frames built for a lost fast path, dropped at the switch
+	RingRXHandedOff                            // frames received for a flow homed on another ring, passed to it
+	RingRXHandoffIn                            // frames other rings of the interface passed to this one
+	RingRXHandoffDropped                       // frames for another ring dropped: its inbox full, or no ring there
+	RingXDPOtherQueue                          // XDP: frames redirected to the socket of the queue that received them, not their home's (interface-wide)
+	RingXDPNoQueueSocket                       // XDP: frames of an offloaded flow on a queue no ring serves, left to the kernel (interface-wide)
 	NumRingCounters                            // number of ring counters in this version
 )
 
@@ -343,6 +348,7 @@ var ringCounterNames = [NumRingCounters]string{
 	"rate_entries", "rate_capacity", "rate_shared", "rate_nearest", "rate_refused_full", "rate_refused_range",
 	"tap_fallback", "tap_active", "vf_plugouts", "vf_plugins", "tap_fd", "tap_ifindex",
 	"tap_rx_packets", "tap_rx_bytes", "tap_tx_packets", "tap_tx_bytes", "tap_tx_dropped",
+	"rx_handed_off", "rx_handoff_in", "rx_handoff_dropped", "xdp_other_queue", "xdp_no_queue_socket",
 }
 
 func (c RingCounter) String() string {

@@ -66,6 +66,7 @@ func main() {
 	flag.BoolVar(&o.tsCmp, "ts-cmp", false, "also run the RX ring and shim cases with receive timestamping on (rx-ring-ts, rx-shim-ts) and print the on/off difference")
 	flag.BoolVar(&o.tapCmp, "tap-cmp", false, "also run the ring cases on the TAP path (tx-ring-tap, rx-ring-tap: --fallback tap) and print them next to afxdp and the kernel")
 	flag.BoolVar(&o.split, "split", true, "senders on CPU 0, the receiving side (threaded NAPI, receiver) on CPU 1")
+	queues := flag.String("queues", "", "instead of the cases above, compare ring and kernel on veth pairs with these queue counts (e.g. 1,2,4): RX of 64 flows at one paced offered load (-rate, default 0.2 Mpps), TX with a sender per queue")
 	only := flag.String("only", "", "run only the cases whose name contains this, or one of these comma-separated strings (tx-kernel, tx-ring, tx-shim, rx-kernel, rx-ring, rx-shim)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
@@ -78,6 +79,17 @@ func main() {
 		}
 		_ = pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
+	}
+	if *queues != "" {
+		counts, err := parseQueues(*queues)
+		if err == nil {
+			err = runQueues(o, counts)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "udpbench:", err)
+			os.Exit(1)
+		}
+		return
 	}
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "udpbench:", err)

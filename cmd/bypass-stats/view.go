@@ -363,6 +363,8 @@ func (v *viewer) ringBlock(r *stats.Ring, prev *stats.Snapshot, _ *stats.Snapsho
 		c(stats.RingRXNoEndpoint), c(stats.RingRXMalformed), c(stats.RingRXChecksum), c(stats.RingRXQueueFull))
 	fmt.Fprintf(w, "\tTx drops: %d / %d / %d [unreachable/errors/link down]\n",
 		c(stats.RingTXUnreachable), c(stats.RingTXErrors), c(stats.RingTXLinkDown))
+	fmt.Fprintf(w, "\tRx Handoff: %d / %d / %d [to other rings/from other rings/dropped, inbox full]\n",
+		c(stats.RingRXHandedOff), c(stats.RingRXHandoffIn), c(stats.RingRXHandoffDropped))
 	fmt.Fprintf(w, "\tTx fragments: %d, buffer waits: %d, engine wake-ups: %d\n",
 		c(stats.RingTXFragments), c(stats.RingTXBufferWaits), c(stats.RingEngineWakeups))
 	fmt.Fprintf(w, "\tQueue pair: %d / %d / %d [rx packets/tx packets/rx dropped by the kernel]\n",
@@ -400,6 +402,8 @@ func (v *viewer) ringBlock(r *stats.Ring, prev *stats.Snapshot, _ *stats.Snapsho
 		c(stats.RingReasmInvalid), c(stats.RingReasmTooBig))
 	fmt.Fprintf(w, "\tXDP (%s, all queues): %d / %d / %d / %d / %d [redirected/passed/no socket/fragments/malformed]\n", r.Interface,
 		c(stats.RingXDPRedirected), c(stats.RingXDPPassed), c(stats.RingXDPNoSocket), c(stats.RingXDPFragments), c(stats.RingXDPMalformed))
+	fmt.Fprintf(w, "\tXDP queues (%s): %d / %d [to the receiving queue's ring, not the home's/on a queue without a ring]\n", r.Interface,
+		c(stats.RingXDPOtherQueue), c(stats.RingXDPNoQueueSocket))
 }
 
 // groups prints view 4: the multicast memberships of the given clients.

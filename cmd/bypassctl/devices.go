@@ -42,6 +42,20 @@ func printDevices(w io.Writer, doc any) error {
 		}
 		row("provider", "%s (%s), zero-copy %s", d.Provider, d.Mode, yesNo(d.ZeroCopy))
 		row("queues", "%s served of %d rx / %d tx", strings.Join(queues, ","), d.RXQueues, d.TXQueues)
+		switch d.RSS {
+		case "handoff":
+			row("RSS", "handoff: a frame on another queue than its flow's home ring's is passed on by the receiving ring")
+		case "none":
+			row("RSS", "none: one ring; frames RSS puts on other queues go to the kernel (serve every queue, or narrow RSS with ethtool -X)")
+		case "":
+		default:
+			row("RSS", "%s", d.RSS)
+		}
+		if d.Ntuple {
+			row("flow rules", "n-tuple rules supported (not used by bypassd yet)")
+		} else if d.NtupleNote != "" {
+			row("flow rules", "none (%s)", d.NtupleNote)
+		}
 		if d.XDPMode != "" {
 			row("XDP", "%s", d.XDPMode)
 		}

@@ -18,7 +18,7 @@ import (
 func TestPrintDevicesRDMA(t *testing.T) {
 	doc := &ctldoc.DevicesDoc{Devices: []ctldoc.DeviceDoc{{
 		Interface: "ens1f0", Driver: "mlx5_core", BusInfo: "0000:03:00.0", RXQueues: 8, TXQueues: 8,
-		Provider: "verbs", Mode: "raw-packet mlx5_0:1", ZeroCopy: true, Queues: []int{0, 1},
+		Provider: "verbs", Mode: "raw-packet mlx5_0:1", ZeroCopy: true, Queues: []int{0, 1}, RSS: "handoff", Ntuple: true,
 		Pacing: "hardware", PacingMinKbps: 1000, PacingMaxKbps: 100000000, DeviceMemory: 131072, DevMemGranted: 65536,
 		PHC: 1, HWTimestamps: "sync",
 		RDMA: &verbs.DeviceCaps{Device: "mlx5_0", Port: 1, Ports: 1, LinkLayer: "ethernet", PortState: "active", ActiveMTU: 1024,
@@ -34,7 +34,7 @@ func TestPrintDevicesRDMA(t *testing.T) {
 	}
 	out := b.String()
 	for _, want := range []string{
-		"ens1f0\n", "mlx5_core 0000:03:00.0", "verbs (raw-packet mlx5_0:1), zero-copy yes", "0,1 served of 8 rx / 8 tx",
+		"ens1f0\n", "mlx5_core 0000:03:00.0", "RSS    ", "handoff: a frame on another queue", "n-tuple rules supported", "verbs (raw-packet mlx5_0:1), zero-copy yes", "0,1 served of 8 rx / 8 tx",
 		"hardware, 1000..100000000 kbit/s", "131072 bytes per ring available, 65536 granted", "PHC /dev/ptp1, hardware timestamps sync",
 		"mlx5_0 port 1 of 1: ethernet, active, active MTU 1024", "16.35.2000", "yes (offloads: cvlan_stripping, ip_csum), max TSO 262144",
 		"1000..100000000 kbit/s on raw_packet, burst control no", "core clock 156250 kHz", "supports raw packet QPs",

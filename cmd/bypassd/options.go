@@ -56,8 +56,8 @@ func envName(flag string) string {
 }
 
 var settings = []setting{
-	{name: "interface", short: "i", env: "BYPASSD_INTERFACES", arg: "IFACE[:QUEUE]", def: "(required)", multi: true,
-		usage: "interface queue to accelerate; repeat for more (env: comma-separated)",
+	{name: "interface", short: "i", env: "BYPASSD_INTERFACES", arg: "IFACE[:Q[-Q]]", def: "(required)", multi: true,
+		usage: "interface to accelerate, a ring per receive queue (IFACE: every queue, IFACE:2 one, IFACE:0-3 a range); repeat for more (env: comma-separated)",
 		apply: func(o *options, v string) error {
 			it, err := daemon.ParseInterface(v)
 			if err != nil {
@@ -150,9 +150,12 @@ var settings = []setting{
 			o.cfg.HWTSConversion = &m
 			return err
 		}},
-	{name: "cpus", arg: "LIST", def: "(no pinning)",
-		usage: "CPUs the ring engine threads run on, e.g. 2,3 or 2-5",
-		apply: func(o *options, v string) (err error) { o.cfg.CPUs, err = parseCPUList(v); return err }},
+	{name: "queues", arg: "N", def: "0 (every queue)",
+		usage: "serve at most the first N receive queues of an interface given without queues",
+		apply: func(o *options, v string) (err error) { o.cfg.Queues, err = parseCount(v); return err }},
+	{name: "cpus", arg: "LIST", def: "(each queue's IRQ CPUs, else spread; one ring: no pinning)",
+		usage: "CPUs the ring engine threads run on, the k-th ring on the k-th CPU (wrapping), e.g. 2,3 or 2-5",
+		apply: func(o *options, v string) (err error) { o.cfg.CPUs, err = daemon.ParseCPUList(v); return err }},
 	{name: "dev-mem-tx", env: "BYPASSD_RING_DEV_MEM_TX", arg: "SIZE", def: "0 (off)",
 		usage: "device memory each ring stages egress frames in (rounded up to 64 bytes; 0: off)",
 		apply: func(o *options, v string) (err error) { o.cfg.DevMemTX, err = parseDevMem(v); return err }},
@@ -437,34 +440,12 @@ func parseDevMem(v string) (int, error) {
 	return int(n), nil
 }
 
-// parseCPUList reads a list like "0,2-3".
-func parseCPUList(v string) ([]int, error) {
-	var cpus []int
-	for _, part := range strings.Split(v, ",") {
-		part = strings.TrimSpace(part)
-		lo, hi, isRange := strings.Cut(part, "-")
-		a, err := strconv.Atoi(lo)
-		b := a
-		if err == nil && isRange {
-			b, err = strconv.Atoi(hi)
-		}
-		if err != nil || a < 0 || b < a || b >= 1<<16 {
-			return nil, fmt.Errorf("%q is not a CPU or range (want a list like 0,2-3)", part)
-		}
-		for c := a; c <= b; c++ {
-			if !slices.Contains(cpus, c) {
-				cpus = append(cpus, c)
-			}
-		}
-	}
-	return cpus, nil
-}
-
 // printUsage writes --help.
 func printUsage(w io.Writer) {
-	fmt.Fprint(w, `Usage: bypassd --interface IFACE[:QUEUE] [options]
+	fmt.Fprint(w, `Usage: bypassd --interface IFACE[:Q[-Q]] [options]
 
-bypassd owns the AF_XDP rings of the given interface queues and serves
+bypassd owns an AF_XDP ring on every receive queue of the given interfaces
+(or the queues named) and serves
 applications that use its socket library over a Unix control socket.
 
 Options (each also an environment variable and a config-file key;

@@ -31,7 +31,7 @@ func writeConfig(t *testing.T, text string) string {
 
 func TestOptionsAll(t *testing.T) {
 	o, err := parseOptions([]string{
-		"-i", "eth1", "--interface", "eth2:3", "--socket", "/tmp/x.sock", "--socket-mode", "0600",
+		"-i", "eth1", "--interface", "eth2:3", "-i", "eth3:0-3", "--queues", "2", "--socket", "/tmp/x.sock", "--socket-mode", "0600",
 		"--socket-group", "0", "--stats-dir", "/tmp/st", "--run-dir", "/tmp/run", "--rx-poll", "-1",
 		"--engine-poll", "50", "--queue-bytes", "256K", "--max-sockets", "10", "--max-queue-memory", "1GiB",
 		"--frames", "1024", "--xdp-mode", "generic", "--cpus", "1,3-4", "--log-level", "debug", "--log-format", "console",
@@ -40,8 +40,8 @@ func TestOptionsAll(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := o.cfg
-	want := []daemon.Interface{{Name: "eth1"}, {Name: "eth2", Queue: 3}}
-	if !slices.Equal(c.Interfaces, want) || c.SocketPath != "/tmp/x.sock" || c.SocketMode != 0o600 ||
+	want := []daemon.Interface{{Name: "eth1", Count: daemon.AllQueues}, {Name: "eth2", Queue: 3, Count: 1}, {Name: "eth3", Count: 4}}
+	if !slices.Equal(c.Interfaces, want) || c.Queues != 2 || c.SocketPath != "/tmp/x.sock" || c.SocketMode != 0o600 ||
 		c.SocketGroup != "0" || c.StatsDir != "/tmp/st" || c.RunDir != "/tmp/run" || c.RXPoll >= 0 ||
 		c.EnginePoll != 50*time.Microsecond || c.QueueBytes != 256<<10 || c.MaxSockets != 10 ||
 		c.MaxQueueMemory != 1<<30 || c.Frames != 1024 || c.XDPMode != bpf.ModeGeneric ||
@@ -129,7 +129,7 @@ log-level = warn
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(o.cfg.Interfaces, []daemon.Interface{{Name: "eth5"}, {Name: "eth6", Queue: 1}, {Name: "eth7"}}) {
+	if !slices.Equal(o.cfg.Interfaces, []daemon.Interface{{Name: "eth5", Count: daemon.AllQueues}, {Name: "eth6", Queue: 1, Count: 1}, {Name: "eth7", Count: daemon.AllQueues}}) {
 		t.Errorf("interfaces from the file: %v", o.cfg.Interfaces)
 	}
 	if o.cfg.SocketPath != "/tmp/flag.sock" {
@@ -144,11 +144,11 @@ log-level = warn
 	// Environment interfaces replace the file's; flags replace both.
 	e["BYPASSD_INTERFACES"] = "veth1,veth2:0"
 	o, err = parseOptions([]string{"--config", file}, env(e))
-	if err != nil || !slices.Equal(o.cfg.Interfaces, []daemon.Interface{{Name: "veth1"}, {Name: "veth2"}}) {
+	if err != nil || !slices.Equal(o.cfg.Interfaces, []daemon.Interface{{Name: "veth1", Count: daemon.AllQueues}, {Name: "veth2", Count: 1}}) {
 		t.Errorf("env interfaces: %v %v", o.cfg.Interfaces, err)
 	}
 	o, err = parseOptions([]string{"--config", file, "-i", "veth9"}, env(e))
-	if err != nil || !slices.Equal(o.cfg.Interfaces, []daemon.Interface{{Name: "veth9"}}) {
+	if err != nil || !slices.Equal(o.cfg.Interfaces, []daemon.Interface{{Name: "veth9", Count: daemon.AllQueues}}) {
 		t.Errorf("flag interfaces: %v %v", o.cfg.Interfaces, err)
 	}
 	// BYPASSD_CONFIG names the file when --config does not.
@@ -213,12 +213,12 @@ func TestParseHelpers(t *testing.T) {
 			t.Errorf("parseSize(%q): no error", in)
 		}
 	}
-	if got, err := parseCPUList("0, 2-3,2"); err != nil || !slices.Equal(got, []int{0, 2, 3}) {
-		t.Errorf("parseCPUList = %v, %v", got, err)
+	if got, err := daemon.ParseCPUList("0, 2-3,2"); err != nil || !slices.Equal(got, []int{0, 2, 3}) {
+		t.Errorf("daemon.ParseCPUList = %v, %v", got, err)
 	}
 	for _, in := range []string{"", "a", "1-", "-1", "2-1"} {
-		if _, err := parseCPUList(in); err == nil {
-			t.Errorf("parseCPUList(%q): no error", in)
+		if _, err := daemon.ParseCPUList(in); err == nil {
+			t.Errorf("daemon.ParseCPUList(%q): no error", in)
 		}
 	}
 	if d, err := parsePoll("-1"); err != nil || d >= 0 {

@@ -36,7 +36,7 @@ func (s *Server) SocketPath() string { return s.Config.SocketPath }
 
 // Start starts bypassd on p.A with cfg and stops it when t ends, checking
 // that it removed its control socket and stats files. Unset
-// fields get test defaults: p.A as the only interface, a control socket
+// fields get test defaults: p.A as the only interface (every queue), a control socket
 // (mode 0666), run directory and stats directory in Dir, 64 KiB queues and
 // 1024 frames. A nil log logs warnings and errors to t.
 func Start(t testing.TB, p *netlab.Pair, cfg daemon.Config, log *zap.Logger) *Server {
@@ -52,7 +52,7 @@ func Start(t testing.TB, p *netlab.Pair, cfg daemon.Config, log *zap.Logger) *Se
 		t.Fatal(err)
 	}
 	if cfg.Interfaces == nil {
-		cfg.Interfaces = []daemon.Interface{{Name: p.A.Name}}
+		cfg.Interfaces = []daemon.Interface{{Name: p.A.Name, Count: daemon.AllQueues}}
 	}
 	if cfg.SocketPath == "" {
 		cfg.SocketPath = filepath.Join(dir, "ctl.sock")

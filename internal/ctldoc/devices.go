@@ -29,6 +29,17 @@ type DeviceDoc struct {
 	Queues   []int  `json:"queues"`
 	// XDPMode is native or generic for rings steered by the XDP program.
 	XDPMode string `json:"xdp_mode,omitempty"`
+	// RSS is how a frame that RSS put on a queue other than its flow's
+	// home ring's reaches that ring: "handoff" (the ring of the receiving
+	// queue passes it on inside the daemon), "single queue" (the interface
+	// has one), or "none" (one ring on a multi-queue interface: frames on
+	// the other queues go to the kernel).
+	RSS string `json:"rss"`
+	// Ntuple reports whether the NIC takes n-tuple flow rules (which
+	// would put each flow on its home queue; the daemon does not install
+	// them yet); NtupleNote why not, when not.
+	Ntuple     bool   `json:"ntuple"`
+	NtupleNote string `json:"ntuple_note,omitempty"`
 
 	// Pacing is "hardware" (with the device's range in kbit/s) or
 	// "software" (the engine's scheduler).

@@ -1,8 +1,12 @@
 package netlab
 
 import (
+	"context"
 	"fmt"
 	"runtime"
+	"strconv"
+	"strings"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -86,4 +90,29 @@ func (l *Link) TxChecksum() (bool, error) {
 		return err
 	})
 	return on, err
+}
+
+// QueueDrops sums the per-queue receive drop counters `ethtool -S` shows
+// for the link (veth: rx_queue_N_drops and rx_queue_N_xdp_drops): frames
+// a queue lost, for example to an AF_XDP socket of another queue.
+func (l *Link) QueueDrops() (uint64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := l.NS.Command(ctx, "ethtool", "-S", l.Name).CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("netlab: ethtool -S %s: %w: %s", l.Name, err, out)
+	}
+	var sum uint64
+	for _, line := range strings.Split(string(out), "\n") {
+		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "rx_queue_") || !strings.HasSuffix(name, "drops") {
+			continue
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(val), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("netlab: ethtool -S %s: %q: %w", l.Name, line, err)
+		}
+		sum += n
+	}
+	return sum, nil
 }
