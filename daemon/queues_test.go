@@ -82,13 +82,19 @@ func TestEngineCPUs(t *testing.T) {
 	}
 }
 
-// TestEveryQueue: on a 4-queue interface the daemon, given the interface
-// alone, opens a ring per queue, spreads sockets over them, and delivers
-// every datagram of 64 flows from distinct source ports, in order per
-// flow, whichever queue the peer's transmit queue choice put them on.
+// TestEveryQueue: on a 2- and a 4-queue interface the daemon, given the
+// interface alone, opens a ring per queue, spreads sockets over them, and
+// delivers every datagram of 64 flows from distinct source ports, in order
+// per flow, whichever queue the peer's transmit queue choice put them on.
 func TestEveryQueue(t *testing.T) {
 	t.Parallel()
-	const queues, sockets, flows, rounds = 4, 8, 64, 10
+	for _, queues := range []int{2, 4} {
+		t.Run(fmt.Sprintf("%d queues", queues), func(t *testing.T) { everyQueue(t, queues) })
+	}
+}
+
+func everyQueue(t *testing.T, queues int) {
+	const sockets, flows, rounds = 8, 64, 10
 	l := newLabQueues(t, Config{}, queues)
 	if n := len(l.d.Rings()); n != queues {
 		t.Fatalf("%d rings, want one per queue (%d)", n, queues)
@@ -114,7 +120,7 @@ func TestEveryQueue(t *testing.T) {
 		socks[i], locals[i] = s, netip.AddrPortFrom(l.p.A.Addr4(), local.Port())
 	}
 	for i, ri := range l.d.rings {
-		if n := ri.homed.Load(); n != sockets/queues {
+		if n := ri.homed.Load(); n != int64(sockets/queues) {
 			t.Errorf("ring %d is home of %d sockets, want %d (spread by load)", i, n, sockets/queues)
 		}
 	}

@@ -2,8 +2,13 @@ package ring
 
 import (
 	"encoding/binary"
+	"net/netip"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/bypassd/bypassd/internal/netlab"
+	"github.com/bypassd/bypassd/ring/packet"
 )
 
 func TestInboxFIFOAndFull(t *testing.T) {
@@ -88,5 +93,67 @@ func BenchmarkInbox(b *testing.B) {
 		if _, _, ok := ib.peek(); ok {
 			ib.pop()
 		}
+	}
+}
+
+// TestStaleTagNeverMisdelivers: a frame handed to a ring that does not own
+// its flow (a stale or forged tag: the flow moved, or its endpoint closed)
+// is dropped there as having no endpoint; the datagram never reaches a
+// socket of another ring, and the same frame handed to the right ring is
+// delivered.
+func TestStaleTagNeverMisdelivers(t *testing.T) {
+	t.Parallel()
+	p := netlab.NewPair(t, netlab.Options{RxQueues: 2, TxQueues: 2})
+	rings := make([]*Ring, 2)
+	for q := range rings {
+		err := p.A.NS.Do(func() error {
+			var err error
+			rings[q], err = Open(Config{Interface: p.A.Name, Queue: q, Frames: 256})
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = rings[q].Close() })
+	}
+	ep, err := rings[0].BindUDP(netip.AddrPortFrom(p.A.Addr4(), 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	tmpl, err := packet.NewTemplate(p.B.MAC, p.A.MAC, netip.AddrPortFrom(p.B.Addr4(), 4000), ep.LocalAddr(), 1500, packet.TemplateOptions{TTL: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := make([]byte, 2048)
+	n, err := tmpl.BuildFrame(frame, []byte("tagged"), 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handIn := func(r *Ring) {
+		t.Helper()
+		before := r.stats.RXHandoffIn.Load()
+		if !r.inbox.push(frame[:n], 0) {
+			t.Fatal("inbox full")
+		}
+		r.doorbell.Wake()
+		for deadline := time.Now().Add(5 * time.Second); r.stats.RXHandoffIn.Load() == before; {
+			if time.Now().After(deadline) {
+				t.Fatal("the engine did not take the handed frame")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	handIn(rings[1])
+	if got := rings[1].stats.RXNoEndpoint.Load(); got != 1 {
+		t.Errorf("wrong ring: RXNoEndpoint %d, want 1", got)
+	}
+	buf := make([]byte, 64)
+	if _, _, err := ep.Recv(buf, time.Now().Add(100*time.Millisecond)); err == nil {
+		t.Fatal("a frame handed to the wrong ring reached the endpoint")
+	}
+	handIn(rings[0])
+	if m, _, err := ep.Recv(buf, time.Now().Add(5*time.Second)); err != nil || string(buf[:m]) != "tagged" {
+		t.Fatalf("the home ring did not deliver the frame: %q %v", buf[:m], err)
 	}
 }

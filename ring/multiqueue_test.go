@@ -1,6 +1,7 @@
 package ring_test
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -63,41 +64,7 @@ func TestEveryQueueNoLoss(t *testing.T) {
 		eps = append(eps, ep)
 	}
 	dropsBefore := queueDrops(t, l.p.A)
-	senders := make([]*net.UDPConn, flows)
-	for i := range senders {
-		senders[i] = l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
-	}
-	next := make(map[netip.AddrPort]uint32) // per flow: the next sequence number expected
-	buf := make([]byte, 2048)
-	for round := range rounds {
-		for i, s := range senders {
-			var msg [64]byte
-			binary.BigEndian.PutUint32(msg[:], uint32(round))
-			if _, err := s.WriteToUDPAddrPort(msg[:], eps[i%len(eps)].LocalAddr()); err != nil {
-				t.Fatalf("send: %v", err)
-			}
-		}
-		// Wait for the round, so a loaded machine cannot overflow a ring:
-		// any loss is the steering's.
-		for k, ep := range eps {
-			for range flows / len(eps) {
-				n, from, err := ep.Recv(buf, time.Now().Add(5*time.Second))
-				if err != nil {
-					t.Fatalf("round %d, endpoint on ring %d: %v\n%s", round, homes[k], err, mqState(l))
-				}
-				if n != 64 {
-					t.Fatalf("datagram of %d bytes from %v", n, from)
-				}
-				if seq := binary.BigEndian.Uint32(buf); seq != next[from] {
-					t.Fatalf("flow %v: datagram %d, want %d (lost or reordered)", from, seq, next[from])
-				}
-				next[from]++
-			}
-		}
-	}
-	if len(next) != flows {
-		t.Fatalf("%d flows arrived, want %d", len(next), flows)
-	}
+	l.flows(t, eps, homes, flows, rounds)
 	var handed, in, dropped uint64
 	busy := 0
 	for q, r := range l.rings {
@@ -137,6 +104,74 @@ func TestEveryQueueNoLoss(t *testing.T) {
 	if c.OtherQueue != handed || c.NoQueueSocket != 0 {
 		t.Errorf("program counters %+v: want OtherQueue = %d handed over, NoQueueSocket 0", c, handed)
 	}
+}
+
+// flows sends rounds datagrams on each of n flows (kernel sockets in B
+// with distinct source ports), flow i to eps[i % len(eps)], one round at a
+// time so a loaded machine cannot overflow a ring, and checks that every
+// datagram arrives in order per flow.
+func (l *mqLab) flows(t *testing.T, eps []*ring.Endpoint, homes []int, n, rounds int) {
+	t.Helper()
+	senders := make([]*net.UDPConn, n)
+	for i := range senders {
+		senders[i] = l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	}
+	next := make(map[netip.AddrPort]uint32) // per flow: the next sequence number expected
+	buf := make([]byte, 2048)
+	for round := range rounds {
+		for i, s := range senders {
+			var msg [64]byte
+			binary.BigEndian.PutUint32(msg[:], uint32(round))
+			if _, err := s.WriteToUDPAddrPort(msg[:], eps[i%len(eps)].LocalAddr()); err != nil {
+				t.Fatalf("send: %v", err)
+			}
+		}
+		for k, ep := range eps {
+			for range n / len(eps) {
+				got, from, err := ep.Recv(buf, time.Now().Add(5*time.Second))
+				if err != nil {
+					t.Fatalf("round %d, endpoint on ring %d: %v\n%s", round, homes[k], err, mqState(l))
+				}
+				if got != 64 {
+					t.Fatalf("datagram of %d bytes from %v", got, from)
+				}
+				if seq := binary.BigEndian.Uint32(buf); seq != next[from] {
+					t.Fatalf("flow %v: datagram %d, want %d (lost or reordered)", from, seq, next[from])
+				}
+				next[from]++
+			}
+		}
+	}
+	if len(next) != n {
+		t.Fatalf("%d flows arrived, want %d", len(next), n)
+	}
+}
+
+// TestQueueCountChange: the kernel refuses to take away a queue an AF_XDP
+// socket is bound to (`ethtool -L` fails), so lowering the count while the
+// rings run changes nothing and traffic keeps flowing on every queue.
+func TestQueueCountChange(t *testing.T) {
+	t.Parallel()
+	l := newMQLab(t, 4)
+	ep, err := l.rings[1].BindUDP(netip.AddrPortFrom(l.p.A.Addr4(), 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ep.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := l.p.A.NS.Command(ctx, "ethtool", "-L", l.p.A.Name, "rx", "2").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "AF_XDP") {
+		t.Fatalf("ethtool -L rx 2 under the rings: %v %s; want the kernel's refusal", err, out)
+	}
+	for q, r := range l.rings {
+		select {
+		case <-r.Done():
+			t.Fatalf("ring %d stopped: %v", q, r.Err())
+		default:
+		}
+	}
+	l.flows(t, []*ring.Endpoint{ep}, []int{1}, 16, 5)
 }
 
 func mqState(l *mqLab) string {
