@@ -23,6 +23,8 @@ echo "== receive timestamps: on vs off (ring: timestamping XDP program + metadat
 go run ./bench/udpbench -ts-cmp -stats-cmp=false -only rx-ring,rx-shim -runs 5 -duration 2s
 echo "-- per-datagram costs: AF_XDP metadata read, engine stamps (sync conversion included), shim slots"
 go test -run '^$' -bench 'ReadMeta|Stamps|Timestamps' -benchtime 500ms ./ring/afxdp/ ./ring/ ./socket/ | grep -E '^(Benchmark|ok)'
+echo "-- the handoff between rings: ns per frame pushed into the home ring's inbox and taken out"
+go test -run '^$' -bench 'Inbox' -benchtime 500ms ./ring/ | grep -E '^(Benchmark|ok)'
 echo
 echo "== packet pacing: rate error and jitter per rate, idle CPU with paced silent sockets"
 scripts/bench-pacing.sh
