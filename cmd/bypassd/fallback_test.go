@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"strings"
@@ -19,10 +20,17 @@ import (
 // while 100 sockets are bound. The kernel takes the XDP program and the TAP
 // with the process; the flow filters stay on the NIC until the next start,
 // which removes them. That daemon's own exit leaves no qdisc, filter, TAP or
-// XDP program.
+// XDP program. With 4 queues the daemon runs 4 rings, each with its TAP,
+// and the 100 sockets spread over them: the same holds for every ring.
 func TestKill9With100Flows(t *testing.T) {
+	for _, queues := range []int{1, 4} {
+		t.Run(fmt.Sprintf("%d queues", queues), func(t *testing.T) { kill9With100Flows(t, queues) })
+	}
+}
+
+func kill9With100Flows(t *testing.T, queues int) {
 	netlab.RequirePriv(t)
-	lab := netlab.NewPair(t, netlab.Options{})
+	lab := netlab.NewPair(t, netlab.Options{RxQueues: queues, TxQueues: queues})
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "ctl.sock")
 	args := []string{"-i", lab.A.Name, "--socket", sock, "--run-dir", dir, "--stats-dir", filepath.Join(dir, "stats"),
@@ -37,12 +45,18 @@ func TestKill9With100Flows(t *testing.T) {
 		}
 		return string(out)
 	}
-	tapName := tap.DeviceName(lab.A.Index, 0)
 	redirects := func() int {
 		return strings.Count(sh("tc", "filter", "show", "dev", lab.A.Name, "ingress"), "mirred")
 	}
-	tapExists := func() bool {
-		return lab.A.NS.Command(ctx, "ip", "link", "show", tapName).Run() == nil
+	// taps counts the rings' TAP devices.
+	taps := func() int {
+		n := 0
+		for q := range queues {
+			if lab.A.NS.Command(ctx, "ip", "link", "show", tap.DeviceName(lab.A.Index, q)).Run() == nil {
+				n++
+			}
+		}
+		return n
 	}
 
 	d := startDaemon(t, lab.A.NS, args...)
@@ -60,15 +74,15 @@ func TestKill9With100Flows(t *testing.T) {
 	if got := redirects(); got != 100 {
 		t.Fatalf("%d standby redirects with 100 sockets, want 100 (no fragment filter while XDP works)", got)
 	}
-	if !xdpAttached(t, lab.A.NS, lab.A.Name) || !tapExists() {
-		t.Fatal("XDP program or TAP missing while the daemon runs")
+	if !xdpAttached(t, lab.A.NS, lab.A.Name) || taps() != queues {
+		t.Fatalf("XDP program or TAPs missing while the daemon runs (%d TAPs, want one per queue: %d)", taps(), queues)
 	}
 	if err := d.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	d.wait(t)
-	if xdpAttached(t, lab.A.NS, lab.A.Name) || tapExists() {
-		t.Error("the XDP program or the TAP outlived the killed daemon")
+	if xdpAttached(t, lab.A.NS, lab.A.Name) || taps() != 0 {
+		t.Error("the XDP program or a TAP outlived the killed daemon")
 	}
 	stale := redirects()
 	t.Logf("left by the killed daemon: %d flow filters", stale)
@@ -92,7 +106,7 @@ func TestKill9With100Flows(t *testing.T) {
 	if out := sh("tc", "filter", "show", "dev", lab.A.Name, "ingress"); strings.TrimSpace(out) != "" {
 		t.Errorf("filters left after a clean exit:\n%s", out)
 	}
-	if xdpAttached(t, lab.A.NS, lab.A.Name) || tapExists() {
+	if xdpAttached(t, lab.A.NS, lab.A.Name) || taps() != 0 {
 		t.Error("XDP program or TAP left after a clean exit")
 	}
 }
