@@ -405,6 +405,48 @@ asyncio.run(main())
 	l.checkPath(t, before, n, n)
 }
 
+// TestDaemonGoneMidRun: bypassd stops while a thread of an unmodified
+// program blocks in recv on an offloaded socket: the call fails with
+// ECONNRESET (it never hangs), later calls too, and one line says why.
+func TestDaemonGoneMidRun(t *testing.T) {
+	py := needTool(t, "python3", "python3")
+	l := newLab(t)
+	const script = `
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 0))
+print("bound", flush=True)
+for i in range(2):
+    try:
+        s.recv(100)
+    except OSError as e:
+        print("recv failed:", e.errno, flush=True)
+`
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := l.preloaded(ctx, nil, py, "-c", script, l.p.A.Addr4().String())
+	out := new(output)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(20 * time.Second); !strings.Contains(out.String(), "bound"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the program did not bind:\n%s", out)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // into recv
+	if err := l.srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("python: %v\n%s", err, out)
+	}
+	if got := out.String(); strings.Count(got, "recv failed: 104") != 2 || !strings.Contains(got, "bypassd session ended") {
+		t.Errorf("output %q; want two ECONNRESET (104) and the session's end logged", got)
+	}
+}
+
 // TestRequireWithoutDaemon: no daemon at BYPASSD_SOCKET. The program keeps
 // working on kernel sockets with one log line; with BYPASSD_REQUIRE=1 the
 // bind fails instead. Needs no privilege.

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"strconv"
 	"testing"
 	"unsafe"
 
@@ -43,8 +45,8 @@ func goldenMessages(t *testing.T) map[string][]byte {
 		"leave":      {ctlproto.Header{Code: ctlproto.CodeLeave, ReqID: 9, Socket: 3}, ctlproto.Group{Group: netip.MustParseAddr("ff15::1")}},
 		"close":      {ctlproto.Header{Code: ctlproto.CodeClose, ReqID: 10, Socket: 3}, ctlproto.Empty{}},
 		// Replies C decodes.
-		"hello_reply":  {ctlproto.Header{Code: ctlproto.CodeHello | ctlproto.ReplyBit, ReqID: 1}, ctlproto.HelloReply{Version: 1, DaemonPID: 4242, MaxSockets: 1024, DefaultQueueBytes: 65536, RXPollMicros: -1}},
-		"open_reply":   {ctlproto.Header{Code: ctlproto.CodeOpen | ctlproto.ReplyBit, ReqID: 2, Socket: 5}, ctlproto.OpenReply{QueueBytes: 4096, MemfdSize: 8704, TXOffset: 0, RXOffset: 4352}},
+		"hello_reply":  {ctlproto.Header{Code: ctlproto.CodeHello | ctlproto.ReplyBit, ReqID: 1}, helloReply()},
+		"open_reply":   {ctlproto.Header{Code: ctlproto.CodeOpen | ctlproto.ReplyBit, ReqID: 2, Socket: 5}, openReply()},
 		"bind_reply":   {ctlproto.Header{Code: ctlproto.CodeBind | ctlproto.ReplyBit, ReqID: 3, Socket: 5}, ctlproto.BindReply{Addr: netip.AddrPortFrom(v6, 40000)}},
 		"sockopt_val":  {ctlproto.Header{Code: ctlproto.CodeGetSockOpt | ctlproto.ReplyBit, ReqID: 4, Socket: 5}, ctlproto.SockOptValue{Value: []byte{0xe8, 0x03, 0, 0, 0, 0, 0, 0, 0xea, 0x05, 0, 0, 1, 0, 0, 0, 0x10, 0x27, 0, 0}}},
 		"error_reply":  {ctlproto.ErrorReply(ctlproto.Header{Code: ctlproto.CodeGetSockOpt, ReqID: 6, Socket: 1}, 92), ctlproto.Empty{}},
@@ -59,6 +61,32 @@ func goldenMessages(t *testing.T) map[string][]byte {
 		out[name] = b
 	}
 	return out
+}
+
+// helloReply and openReply are the golden replies of the protocol version
+// internal/ctlproto speaks: the fields of both versions, plus, set by name,
+// those only one of them has (version 1: MemfdSize; version 2: Lanes,
+// SessionSize, Slot, Lane), so this test builds against either and C checks
+// the version it is told.
+func helloReply() ctlproto.HelloReply {
+	r := ctlproto.HelloReply{Version: ctlproto.Version, DaemonPID: 4242, MaxSockets: 1024, DefaultQueueBytes: 65536, RXPollMicros: -1}
+	setIfPresent(&r, "Lanes", 2)
+	setIfPresent(&r, "SessionSize", 1<<20)
+	return r
+}
+
+func openReply() ctlproto.OpenReply {
+	r := ctlproto.OpenReply{QueueBytes: 4096, TXOffset: 12288, RXOffset: 20480}
+	setIfPresent(&r, "MemfdSize", 28672)
+	setIfPresent(&r, "Slot", 3)
+	setIfPresent(&r, "Lane", 1)
+	return r
+}
+
+func setIfPresent(p any, field string, v uint64) {
+	if f := reflect.ValueOf(p).Elem().FieldByName(field); f.IsValid() {
+		f.SetUint(v)
+	}
 }
 
 // goldenRecord is the i-th datagram of the queue images.
@@ -198,7 +226,7 @@ func TestGoldenAgainstC(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "go_session.bin"), goSessionImage(t), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(unit, dir)
+	cmd := exec.Command(unit, dir, strconv.Itoa(ctlproto.Version))
 	cmd.Env = append(os.Environ(), "ASAN_OPTIONS=detect_leaks=1", "UBSAN_OPTIONS=print_stacktrace=1")
 	out, err := cmd.CombinedOutput()
 	t.Logf("unit test output:\n%s", out)

@@ -28,11 +28,13 @@
 /* ---- control protocol (proto.c) ---------------------------------------- */
 
 enum {
-	BPD_PROTO_VERSION = 1,
+	BPD_PROTO_MIN = 1, /* versions this library speaks (the daemon picks) */
+	BPD_PROTO_MAX = 2,
 	BPD_HDR_LEN = 16,
 	BPD_MSG_MAX = 512,
 	BPD_REPLY_BIT = 0x8000,
-	BPD_OPEN_FDS = 4,
+	BPD_OPEN_FDS = 4,      /* version 1: a successful OPEN reply's descriptors */
+	BPD_MAX_FDS = 2 + 64,  /* version 2: a HELLO reply's, at most */
 	BPD_FD_MEMFD = 0,
 	BPD_FD_RXWAIT = 1,
 	BPD_FD_TXWAIT = 2,
@@ -63,15 +65,23 @@ struct bpd_hdr {
 	uint32_t socket;
 };
 
+/* The header version requests carry: the version the current session
+ * speaks (set by HELLO; BPD_PROTO_MAX before). */
+BPD_HIDDEN extern _Atomic int bpd_proto_version;
+
 struct bpd_hello_reply {
-	uint16_t version;
+	uint16_t version, lanes; /* lanes: version 2 */
 	uint32_t daemon_pid, max_sockets, default_queue_bytes;
 	int32_t rx_poll_us;
+	uint64_t session_size; /* version 2 */
 };
 
 struct bpd_open_reply {
 	uint32_t queue_bytes;
-	uint64_t memfd_size, tx_offset, rx_offset;
+	uint64_t memfd_size; /* version 1 */
+	uint64_t tx_offset, rx_offset;
+	uint32_t slot; /* version 2 */
+	uint16_t lane; /* version 2 */
 };
 
 /* An address as the protocol carries it: 16 bytes (IPv4 v4-mapped) and a
@@ -83,7 +93,7 @@ struct bpd_addr {
 
 /* Encoders return the message length (header + body). buf has BPD_MSG_MAX
  * bytes. */
-BPD_HIDDEN size_t bpd_enc_hello(uint8_t *buf, uint32_t req, const char *name);
+BPD_HIDDEN size_t bpd_enc_hello(uint8_t *buf, uint32_t req, const char *name, int version);
 BPD_HIDDEN size_t bpd_enc_open(uint8_t *buf, uint32_t req, uint16_t family, uint32_t queue_bytes);
 BPD_HIDDEN size_t bpd_enc_addrport(uint8_t *buf, uint16_t code, uint32_t req, uint32_t sock,
 				   const struct bpd_addr *a, uint16_t flags);
@@ -95,13 +105,16 @@ BPD_HIDDEN size_t bpd_enc_group(uint8_t *buf, uint16_t code, uint32_t req, uint3
 				const uint8_t group[16], const uint8_t source[16], uint32_t ifindex);
 BPD_HIDDEN size_t bpd_enc_close(uint8_t *buf, uint32_t req, uint32_t sock);
 
-/* bpd_dec_hdr checks the header rules every message obeys (length, version,
- * status range, reply bit). 0 or an errno. */
+/* bpd_dec_hdr checks the header rules every message obeys (length, version
+ * = bpd_proto_version, status range, reply bit). 0 or an errno;
+ * EPROTONOSUPPORT with h filled for another version. */
 BPD_HIDDEN int bpd_dec_hdr(const uint8_t *buf, size_t len, struct bpd_hdr *h);
 /* Body decoders take the body (after the header) and check its length and
- * reserved fields. 0 or EPROTO. */
-BPD_HIDDEN int bpd_dec_hello_reply(const uint8_t *b, size_t len, struct bpd_hello_reply *r);
-BPD_HIDDEN int bpd_dec_open_reply(const uint8_t *b, size_t len, struct bpd_open_reply *r);
+ * reserved fields for the given version. 0 or EPROTO. */
+BPD_HIDDEN int bpd_dec_hello_reply(const uint8_t *b, size_t len, int version,
+				   struct bpd_hello_reply *r);
+BPD_HIDDEN int bpd_dec_open_reply(const uint8_t *b, size_t len, int version,
+				  struct bpd_open_reply *r);
 BPD_HIDDEN int bpd_dec_addrport(const uint8_t *b, size_t len, struct bpd_addr *a);
 BPD_HIDDEN int bpd_dec_sockopt_val(const uint8_t *b, size_t len, uint8_t val[64], uint32_t *vlen);
 BPD_HIDDEN int bpd_dec_u32(const uint8_t *b, size_t len, uint32_t *v);
@@ -288,6 +301,8 @@ struct bpd_reply {
 	int nfds;
 };
 
+struct bpd_sock;
+
 struct bpd_session;
 /* bpd_session_get returns the process's live session, connecting (HELLO) if
  * there is none or the last one died. NULL with errno and a logged reason. */
@@ -298,6 +313,12 @@ BPD_HIDDEN void bpd_session_put(struct bpd_session *s);
  * non-zero), or an errno for a transport failure. */
 BPD_HIDDEN int bpd_call(struct bpd_session *s, uint8_t *msg, size_t len, struct bpd_reply *r);
 BPD_HIDDEN int bpd_session_poll_us(struct bpd_session *s);
+/* Version 2: the session memory, a lane's doorbell, and the slot -> socket
+ * map the monitor dispatches events through. */
+BPD_HIDDEN int bpd_session_version(struct bpd_session *s);
+BPD_HIDDEN struct bps *bpd_session_mem(struct bpd_session *s);
+BPD_HIDDEN int bpd_session_doorbell(struct bpd_session *s, uint32_t lane);
+BPD_HIDDEN void bpd_session_register(struct bpd_session *s, uint32_t slot, struct bpd_sock *sock);
 BPD_HIDDEN int bpd_session_dead(struct bpd_session *s);
 /* Called in a fork child: forget the parent's session without touching it. */
 BPD_HIDDEN void bpd_session_forget_after_fork(void);
@@ -341,6 +362,8 @@ struct bpd_sock {
 	struct bpq tx, rx;
 	int rxfd, txfd, doorbell; /* private descriptors (the app's fd aliases rxfd) */
 	uint32_t max_payload;
+	uint32_t slot, lane; /* version 2 */
+	_Atomic int tx_waiting; /* version 2: a sender sleeps on txfd */
 	struct bpd_addr laddr, raddr;
 	int bound, connected;
 	pthread_mutex_t txmu, rxmu;

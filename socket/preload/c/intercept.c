@@ -209,7 +209,7 @@ static void fork_child_one(struct bpd_sock *s, void *arg)
 	 * child must never touch them. Its descriptor stays, so that the
 	 * program's own close() works, but every call fails with EBADFD. */
 	if (s->mem)
-		munmap(s->mem, s->memsize);
+		munmap(s->mem, s->memsize); /* version 1; version 2's session memory stays, unused */
 	s->mem = NULL;
 	/* Its descriptors too: a wake-up written here would reach the
 	 * parent's eventfd. */

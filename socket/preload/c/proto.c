@@ -30,22 +30,32 @@ static uint32_t get32(const uint8_t *p)
 
 static uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
 
-static size_t hdr(uint8_t *buf, uint16_t code, uint32_t req, uint32_t sock, size_t body)
+_Atomic int bpd_proto_version = BPD_PROTO_MAX;
+
+static size_t hdr_v(uint8_t *buf, uint16_t code, uint32_t req, uint32_t sock, size_t body, int version)
 {
 	memset(buf, 0, BPD_HDR_LEN + body);
 	put16(buf, code);
-	put16(buf + 2, BPD_PROTO_VERSION);
+	put16(buf + 2, (uint16_t)version);
 	put32(buf + 4, req);
 	put32(buf + 12, sock);
 	return BPD_HDR_LEN + body;
 }
 
-size_t bpd_enc_hello(uint8_t *buf, uint32_t req, const char *name)
+static size_t hdr(uint8_t *buf, uint16_t code, uint32_t req, uint32_t sock, size_t body)
 {
-	size_t n = hdr(buf, BPD_HELLO, req, 0, 40);
+	return hdr_v(buf, code, req, sock, body, atomic_load(&bpd_proto_version));
+}
+
+/* bpd_enc_hello offers exactly version: a version 2 daemon answers a
+ * version 1 header with a refusal, and a version 1 daemon a version 2 one,
+ * so the client offers one version per connection (session.c). */
+size_t bpd_enc_hello(uint8_t *buf, uint32_t req, const char *name, int version)
+{
+	size_t n = hdr_v(buf, BPD_HELLO, req, 0, 40, version);
 	uint8_t *b = buf + BPD_HDR_LEN;
-	put16(b, BPD_PROTO_VERSION);
-	put16(b + 2, BPD_PROTO_VERSION);
+	put16(b, (uint16_t)version);
+	put16(b + 2, (uint16_t)version);
 	size_t l = strnlen(name, 32);
 	if (l == 32)
 		l = 31; /* keep a NUL: the daemon wants NUL padding after the name */
@@ -122,7 +132,7 @@ int bpd_dec_hdr(const uint8_t *buf, size_t len, struct bpd_hdr *h)
 	h->req_id = get32(buf + 4);
 	h->status = (int32_t)get32(buf + 8);
 	h->socket = get32(buf + 12);
-	if (h->version != BPD_PROTO_VERSION)
+	if (h->version != atomic_load(&bpd_proto_version))
 		return EPROTONOSUPPORT;
 	if (h->status < 0 || h->status > 4095)
 		return EPROTO;
@@ -139,16 +149,24 @@ static int zero(const uint8_t *b, size_t n)
 	return 1;
 }
 
-int bpd_dec_hello_reply(const uint8_t *b, size_t len, struct bpd_hello_reply *r)
+int bpd_dec_hello_reply(const uint8_t *b, size_t len, int version, struct bpd_hello_reply *r)
 {
-	if (len != 20 || get16(b + 2) != 0)
+	memset(r, 0, sizeof(*r));
+	if (len != (version == 1 ? 20u : 32u))
 		return EPROTO;
 	r->version = get16(b);
+	r->lanes = get16(b + 2);
 	r->daemon_pid = get32(b + 4);
 	r->max_sockets = get32(b + 8);
 	r->default_queue_bytes = get32(b + 12);
 	r->rx_poll_us = (int32_t)get32(b + 16);
-	if (r->version == 0 || r->rx_poll_us < -1)
+	if (r->version != version || r->rx_poll_us < -1)
+		return EPROTO;
+	if (version == 1)
+		return r->lanes ? EPROTO : 0; /* reserved in version 1 */
+	r->session_size = get64(b + 24);
+	if (get32(b + 20) || r->lanes > 64 || r->max_sockets > BPS_MAX_SLOTS ||
+	    (r->lanes == 0) != (r->session_size == 0))
 		return EPROTO;
 	return 0;
 }
@@ -158,14 +176,29 @@ static int valid_queue_bytes(uint32_t q)
 	return q >= BPD_MIN_QUEUE && q <= BPD_MAX_QUEUE && (q & (q - 1)) == 0;
 }
 
-int bpd_dec_open_reply(const uint8_t *b, size_t len, struct bpd_open_reply *r)
+int bpd_dec_open_reply(const uint8_t *b, size_t len, int version, struct bpd_open_reply *r)
 {
-	if (len != 32 || get32(b + 4) != 0)
+	memset(r, 0, sizeof(*r));
+	if (len != 32)
 		return EPROTO;
 	r->queue_bytes = get32(b);
-	r->memfd_size = get64(b + 8);
-	r->tx_offset = get64(b + 16);
-	r->rx_offset = get64(b + 24);
+	if (version == 1) {
+		if (get32(b + 4))
+			return EPROTO;
+		r->memfd_size = get64(b + 8);
+		r->tx_offset = get64(b + 16);
+		r->rx_offset = get64(b + 24);
+	} else {
+		r->slot = get32(b + 4);
+		r->tx_offset = get64(b + 8);
+		r->rx_offset = get64(b + 16);
+		r->lane = get16(b + 24);
+		if (get16(b + 26) || get32(b + 28) || r->slot >= BPS_MAX_SLOTS || r->lane >= 64)
+			return EPROTO;
+		/* The session memory bounds the offsets (sock.c checks them
+		 * against its arena). */
+		r->memfd_size = UINT64_MAX;
+	}
 	if (!valid_queue_bytes(r->queue_bytes))
 		return EPROTO;
 	uint64_t qs = BPQ_HEADER + (uint64_t)r->queue_bytes;

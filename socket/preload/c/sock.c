@@ -23,6 +23,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -225,6 +226,8 @@ static uint32_t queue_bytes_for(const struct bpd_sock *s)
 
 static void unmap(struct bpd_sock *s)
 {
+	if (s->sess && bpd_session_version(s->sess) == 2)
+		bpd_session_register(s->sess, s->slot, NULL); /* before its fds close */
 	if (s->mem)
 		munmap(s->mem, s->memsize);
 	s->mem = NULL;
@@ -236,12 +239,13 @@ static void unmap(struct bpd_sock *s)
 		}
 }
 
-/* attach checks and maps an OPEN reply's memfd and keeps its eventfds. */
-static int attach(struct bpd_sock *s, struct bpd_reply *r)
+/* attach_v1 checks and maps an OPEN reply's memfd (protocol version 1)
+ * and keeps its eventfds. */
+static int attach_v1(struct bpd_sock *s, struct bpd_reply *r)
 {
 	struct bpd_open_reply o;
 	int err = r->nfds != BPD_OPEN_FDS ? EPROTO
-					   : bpd_dec_open_reply(r->body, r->body_len, &o);
+					   : bpd_dec_open_reply(r->body, r->body_len, 1, &o);
 	int memfd = r->nfds > 0 ? r->fds[BPD_FD_MEMFD] : -1;
 	if (!err) {
 		long seals = syscall(SYS_fcntl, memfd, F_GET_SEALS);
@@ -278,6 +282,45 @@ static int attach(struct bpd_sock *s, struct bpd_reply *r)
 	s->doorbell = r->fds[BPD_FD_DOORBELL];
 	s->max_payload = s->tx.max_payload - BPD_DGRAM_HDR;
 	return 0;
+}
+
+/* attach_v2 attaches the queues an OPEN reply places in the session memory
+ * (protocol version 2) and makes the socket's own eventfds: rxfd, the
+ * readiness the program's descriptor becomes, and txfd, which a sender
+ * waiting for room sleeps on. The monitor writes them for the socket's
+ * events (session.c). */
+static int attach_v2(struct bpd_sock *s, struct bpd_reply *r)
+{
+	struct bpd_open_reply o;
+	struct bps *m = bpd_session_mem(s->sess);
+	int err = r->nfds ? EPROTO : bpd_dec_open_reply(r->body, r->body_len, 2, &o);
+	if (!err && (o.slot >= m->slots || o.lane >= m->lanes || !bps_queue_ok(m, o.tx_offset, o.queue_bytes) ||
+		     !bps_queue_ok(m, o.rx_offset, o.queue_bytes)))
+		err = EPROTO;
+	uint64_t qs = BPQ_HEADER + (uint64_t)(err ? 0 : o.queue_bytes);
+	if (!err && (bpq_attach(&s->tx, m->mem + o.tx_offset, qs) || bpq_attach(&s->rx, m->mem + o.rx_offset, qs) ||
+		     s->tx.cap != o.queue_bytes || s->rx.cap != o.queue_bytes))
+		err = EPROTO;
+	if (!err) {
+		s->rxfd = (int)syscall(SYS_eventfd2, 0, EFD_NONBLOCK | EFD_CLOEXEC);
+		s->txfd = (int)syscall(SYS_eventfd2, 0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (s->rxfd < 0 || s->txfd < 0)
+			err = errno; /* the caller's unmap closes whichever was made */
+	}
+	for (int i = 0; i < r->nfds; i++)
+		bpd_sys_close(r->fds[i]);
+	if (err)
+		return err;
+	s->slot = o.slot;
+	s->lane = o.lane;
+	s->max_payload = s->tx.max_payload - BPD_DGRAM_HDR;
+	bpd_session_register(s->sess, s->slot, s);
+	return 0;
+}
+
+static int attach(struct bpd_sock *s, struct bpd_reply *r)
+{
+	return bpd_session_version(s->sess) == 2 ? attach_v2(s, r) : attach_v1(s, r);
 }
 
 static void rx_rearm(struct bpd_sock *s);
@@ -323,8 +366,14 @@ int bpd_sock_offload(struct bpd_sock *s, const struct bpd_addr *local, const str
 	s->sess = sess;
 	s->id = r.h.socket;
 	if ((err = attach(s, &r))) {
+		if (s->rxfd >= 0)
+			bpd_sys_close(s->rxfd);
+		if (s->txfd >= 0)
+			bpd_sys_close(s->txfd);
+		s->rxfd = s->txfd = -1;
 		l = bpd_enc_close(m, 0, s->id);
 		(void)request(s, m, l, &r);
+		s->sess = NULL;
 		return err;
 	}
 	/* Options set on the kernel socket before: those that shape the bind
@@ -394,6 +443,8 @@ void bpd_sock_release(struct bpd_sock *s)
 {
 	if (s->state != BPD_OFFLOADED)
 		return;
+	if (s->sess && bpd_session_version(s->sess) == 2)
+		bpd_session_register(s->sess, s->slot, NULL); /* no event reaches it from here on */
 	if (!atomic_load(&s->forked) && s->sess && !bpd_session_dead(s->sess)) {
 		uint8_t m[BPD_MSG_MAX];
 		struct bpd_reply r;
@@ -423,10 +474,17 @@ int bpd_sock_shutdown(struct bpd_sock *s, int how)
 
 /* ---- sending ---- */
 
+/* kick publishes what was queued and wakes the engine if it asked: the
+ * socket's doorbell (version 1), or an announce on its lane, which rings
+ * the lane's doorbell only if the engine sleeps (version 2). */
 static void kick(struct bpd_sock *s)
 {
-	if (bpq_publish(&s->tx))
+	if (!bpq_publish(&s->tx))
+		return;
+	if (bpd_session_version(s->sess) == 1)
 		bpd_eventfd_wake(s->doorbell);
+	else if (bps_announce(bpd_session_mem(s->sess), s->lane, s->slot))
+		bpd_eventfd_wake(bpd_session_doorbell(s->sess, s->lane));
 }
 
 /* wait_room waits for room for an n-byte record in the TX queue. */
@@ -448,7 +506,9 @@ static int wait_room(struct bpd_sock *s, uint32_t n, int64_t deadline)
 				return EAGAIN;
 			}
 		}
+		atomic_store(&s->tx_waiting, 1);
 		int w = wait_cancellable(s->txfd, left, cancelled_tx, s);
+		atomic_store(&s->tx_waiting, 0);
 		bpq_disarm_write_wait(&s->tx);
 		if (w < 0 && errno == EINTR)
 			return EINTR;
@@ -606,8 +666,12 @@ int bpd_sock_sendmmsg(struct bpd_sock *s, struct mmsghdr *v, unsigned n, int fla
  * datagram, unless one arrived meanwhile (then the eventfd stays readable). */
 static void rx_rearm(struct bpd_sock *s)
 {
-	if (atomic_load_explicit(s->rx.cons_waiting, memory_order_seq_cst))
-		return; /* still armed: the daemon has not written since the last drain */
+	/* Version 1: a flag still armed means the daemon has not written the
+	 * eventfd since the last drain. Version 2 cannot skip the read: the
+	 * monitor writes the eventfd after the daemon cleared the flag. */
+	if (bpd_session_version(s->sess) == 1 &&
+	    atomic_load_explicit(s->rx.cons_waiting, memory_order_seq_cst))
+		return;
 	bpd_eventfd_drain(s->rxfd);
 	if (bpq_arm_read_wait(&s->rx)) {
 		bpq_disarm_read_wait(&s->rx);
@@ -732,7 +796,8 @@ static ssize_t recv_one(struct bpd_sock *s, struct msghdr *m, int flags, int wai
 			if (n != -2 && (flags & MSG_PEEK))
 				return n;
 			bpq_advance(&s->rx);
-			if (bpq_release(&s->rx))
+			/* Version 2: the daemon never waits for RX room. */
+			if (bpq_release(&s->rx) && s->doorbell >= 0)
 				bpd_eventfd_wake(s->doorbell);
 			if (!bpq_readable(&s->rx))
 				rx_rearm(s);

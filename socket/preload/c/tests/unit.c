@@ -1,7 +1,8 @@
 /* Unit test of libbypassd's pure layers (proto.c, queue.c, rules.c), built
  * with AddressSanitizer and UndefinedBehaviorSanitizer. Run by
  * socket/preload/golden_test.go with a directory of golden vectors the Go
- * implementation wrote; the expected values here repeat that file's. */
+ * implementation wrote and the protocol version it speaks; the expected
+ * values here repeat that file's. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 
 static int failures;
 static const char *dir;
+static int version; /* the protocol version of the Go side (argv[2]) */
 
 #define CHECK(cond, ...)                                                                       \
 	do {                                                                                   \
@@ -73,7 +75,7 @@ static struct bpd_addr v6(const char *ip, uint16_t port)
 static void test_encoders(void)
 {
 	uint8_t b[BPD_MSG_MAX];
-	same("hello", b, bpd_enc_hello(b, 1, "golden-prog"));
+	same("hello", b, bpd_enc_hello(b, 1, "golden-prog", version));
 	same("open", b, bpd_enc_open(b, 7, AF_INET6, 65536));
 	struct bpd_addr a = v4("192.0.2.1", 5000);
 	same("bind", b, bpd_enc_addrport(b, BPD_BIND, 0x01020304, 9, &a, BPD_BIND_REUSEADDR));
@@ -98,26 +100,34 @@ static void test_decoders(void)
 	struct bpd_hello_reply hr;
 	CHECK(!bpd_dec_hdr(b, n, &h) && h.code == (BPD_HELLO | BPD_REPLY_BIT) && h.req_id == 1,
 	      "hello reply header");
-	CHECK(!bpd_dec_hello_reply(b + 16, n - 16, &hr) && hr.version == 1 && hr.daemon_pid == 4242 &&
-		      hr.max_sockets == 1024 && hr.default_queue_bytes == 65536 && hr.rx_poll_us == -1,
+	CHECK(!bpd_dec_hello_reply(b + 16, n - 16, version, &hr) && hr.version == version &&
+		      hr.daemon_pid == 4242 && hr.max_sockets == 1024 && hr.default_queue_bytes == 65536 &&
+		      hr.rx_poll_us == -1 && (version == 1 || (hr.lanes == 2 && hr.session_size == 1 << 20)),
 	      "hello reply body");
+	CHECK(bpd_dec_hello_reply(b + 16, n - 16, version == 1 ? 2 : 1, &hr) == EPROTO,
+	      "hello reply decoded as the other version");
 
 	n = load("msg_open_reply.bin", b, sizeof(b));
 	struct bpd_open_reply o;
 	CHECK(!bpd_dec_hdr(b, n, &h) && h.socket == 5 && h.status == 0, "open reply header");
-	CHECK(!bpd_dec_open_reply(b + 16, n - 16, &o) && o.queue_bytes == 4096 &&
-		      o.memfd_size == 8704 && o.tx_offset == 0 && o.rx_offset == 4352,
-	      "open reply body");
-	/* Overlapping queues and offsets outside the memfd are refused. */
+	int oe = bpd_dec_open_reply(b + 16, n - 16, version, &o);
+	CHECK(!oe && o.queue_bytes == 4096 &&
+		      o.tx_offset == 12288 && o.rx_offset == 20480 &&
+		      (version == 1 ? o.memfd_size == 28672 : o.slot == 3 && o.lane == 1),
+	      "open reply body: err %d, %zu bytes, queue %u tx %llu rx %llu memfd %llu", oe, n - 16,
+	      o.queue_bytes, (unsigned long long)o.tx_offset, (unsigned long long)o.rx_offset,
+	      (unsigned long long)o.memfd_size);
+	/* Overlapping queues are refused. */
 	uint8_t bad[32];
 	memcpy(bad, b + 16, 32);
-	bad[24] = 0x10; /* rx_offset 4096+...: overlaps TX */
-	bad[25] = 0x00;
-	CHECK(bpd_dec_open_reply(bad, 32, &o) == EPROTO, "overlapping queues accepted");
+	memcpy(bad + (version == 1 ? 24 : 16), bad + (version == 1 ? 16 : 8), 8); /* rx = tx */
+	CHECK(bpd_dec_open_reply(bad, 32, version, &o) == EPROTO, "overlapping queues accepted");
 	memcpy(bad, b + 16, 32);
-	bad[9] = 0x10; /* memfd_size 4096: too small */
-	bad[8] = 0;
-	CHECK(bpd_dec_open_reply(bad, 32, &o) == EPROTO, "queues outside the memfd accepted");
+	if (version == 1)
+		memset(bad + 8, 0, 8); /* a memfd of 0 bytes: the queues lie outside it */
+	else
+		bad[28] = 1; /* reserved */
+	CHECK(bpd_dec_open_reply(bad, 32, version, &o) == EPROTO, "a bad open reply accepted");
 
 	n = load("msg_bind_reply.bin", b, sizeof(b));
 	struct bpd_addr a, want = v6("2001:db8::7", 40000);
@@ -144,8 +154,8 @@ static void test_decoders(void)
 
 	/* Header rules. */
 	n = load("msg_hello_reply.bin", b, sizeof(b));
-	b[2] = 2;
-	CHECK(bpd_dec_hdr(b, n, &h) == EPROTONOSUPPORT, "version 2 accepted");
+	b[2] = (uint8_t)(version + 1);
+	CHECK(bpd_dec_hdr(b, n, &h) == EPROTONOSUPPORT && h.version == version + 1, "another version accepted");
 	CHECK(bpd_dec_hdr(b, 15, &h) == EPROTO, "short header accepted");
 }
 
@@ -374,11 +384,13 @@ static void test_rules(void)
 
 int main(int argc, char **argv)
 {
-	if (argc != 2) {
-		fprintf(stderr, "usage: %s GOLDEN_DIR\n", argv[0]);
+	if (argc != 3) {
+		fprintf(stderr, "usage: %s GOLDEN_DIR PROTOCOL_VERSION\n", argv[0]);
 		return 2;
 	}
 	dir = argv[1];
+	version = atoi(argv[2]);
+	atomic_store(&bpd_proto_version, version);
 	test_encoders();
 	test_decoders();
 	test_go_queue();
