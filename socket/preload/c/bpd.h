@@ -5,6 +5,7 @@
  * Layers, bottom up:
  *   proto.c   control messages (docs/protocol.md): encode, decode, validate
  *   queue.c   the shared-memory SPSC queue (docs/shm-queue.md)
+ *   sessmem.c the session memory of protocol version 2: layout, bitmaps
  *   rules.c   which sockets are offloaded (BYPASSD_RULES, docs/preload.md)
  *   log.c     BYPASSD_LOG_LEVEL / BYPASSD_LOG_FILE
  *   session.c the control connection and its monitor thread
@@ -180,9 +181,7 @@ BPD_HIDDEN int bpq_arm_read_wait(struct bpq *q);
 BPD_HIDDEN int bpq_disarm_read_wait(struct bpq *q); /* returns the old flag */
 
 /* ---- session memory of protocol version 2 (sessmem.c) ------------------
- * Not yet used by the transport: the daemon speaks protocol version 1
- * until issue 20's Go side lands; this is the C half of that layout, held
- * to internal/shmsess by the golden test. */
+ * Held to internal/shmsess by the golden test. */
 
 enum {
 	BPS_MAGIC = 0x53445042,
@@ -398,6 +397,8 @@ BPD_HIDDEN int bpd_sock_fionread(struct bpd_sock *s, int *out);
 /* Wakes every thread blocked on the socket (close, daemon gone). */
 BPD_HIDDEN void bpd_sock_wake(struct bpd_sock *s);
 BPD_HIDDEN void bpd_sock_break(struct bpd_sock *s, int err);
+/* Wait (bounded) until the engine took every queued datagram. */
+BPD_HIDDEN void bpd_sock_flush(struct bpd_sock *s);
 /* Tell the daemon (if the session lives) and release the queues. */
 BPD_HIDDEN void bpd_sock_release(struct bpd_sock *s);
 /* Every offloaded socket of session sess is broken with err (daemon gone). */

@@ -301,6 +301,20 @@ __attribute__((constructor)) static void init(void)
 	pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
+static void flush_one(struct bpd_sock *s, void *arg)
+{
+	(void)arg;
+	bpd_sock_flush(s);
+}
+
+/* At exit, datagrams a program queued just before exiting still leave:
+ * the daemon drops the queues of a process that went away. */
+__attribute__((destructor)) static void fini(void)
+{
+	if (tab)
+		bpd_fd_foreach(flush_one, NULL);
+}
+
 /* ---- deciding ---- */
 
 static int is_loopback(const struct bpd_addr *a)

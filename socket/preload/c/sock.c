@@ -439,10 +439,28 @@ int bpd_sock_connect(struct bpd_sock *s, const struct bpd_addr *remote)
 	return err;
 }
 
+/* bpd_sock_flush waits (up to 1 s) until the engine has taken every
+ * datagram queued for sending: a kernel socket's send has handed the
+ * datagram on when it returns, and a program that sends and exits (or
+ * closes) expects it to leave. The daemon drops a closed socket's queue. */
+void bpd_sock_flush(struct bpd_sock *s)
+{
+	if (s->state != BPD_OFFLOADED || atomic_load(&s->forked) || atomic_load(&s->broken) || !s->tx.prod)
+		return;
+	int64_t end = bpd_now_us() + 1000000;
+	while (atomic_load_explicit(s->tx.cons, memory_order_acquire) !=
+		       atomic_load_explicit(s->tx.prod, memory_order_acquire) &&
+	       bpd_now_us() < end && !bpd_session_dead(s->sess)) {
+		struct timespec ts = {0, 50000};
+		nanosleep(&ts, NULL);
+	}
+}
+
 void bpd_sock_release(struct bpd_sock *s)
 {
 	if (s->state != BPD_OFFLOADED)
 		return;
+	bpd_sock_flush(s);
 	if (s->sess && bpd_session_version(s->sess) == 2)
 		bpd_session_register(s->sess, s->slot, NULL); /* no event reaches it from here on */
 	if (!atomic_load(&s->forked) && s->sess && !bpd_session_dead(s->sess)) {
