@@ -268,7 +268,16 @@ func TestSockperfClient(t *testing.T) {
 			if tc.name == "ping-pong" && received+1 < sent {
 				t.Errorf("ping-pong: %d of %d answered", received, sent)
 			}
-			l.checkPath(t, before, received, sent*tc.frames)
+			tx := sent * tc.frames
+			if !tc.pong && tx > 0 {
+				// sockperf counts the send its end-of-test timer
+				// interrupts: with a full queue (a 256 KiB queue holds
+				// two 65000-byte datagrams) that send waits for room
+				// and fails with EINTR, where a kernel socket's would
+				// not have waited.
+				tx--
+			}
+			l.checkPath(t, before, received, tx)
 			t.Logf("sent %d received %d\n%s", sent, received, lastLines(string(out), 3))
 		})
 	}

@@ -311,6 +311,7 @@ static void flush_one(struct bpd_sock *s, void *arg)
  * the daemon drops the queues of a process that went away. */
 __attribute__((destructor)) static void fini(void)
 {
+	BPD_LOG(BPD_LOG_DEBUG, "exit: waiting for queued datagrams to leave");
 	if (tab)
 		bpd_fd_foreach(flush_one, NULL);
 }
