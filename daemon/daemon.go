@@ -64,6 +64,12 @@ type Daemon struct {
 	netns     netns.NsHandle
 	recoverWG sync.WaitGroup
 
+	// pz is a pause for a takeover; gone is closed once the daemon was
+	// handed over (handedOver), which Serve and Close then respect.
+	pz         pauseState
+	gone       chan struct{}
+	handedOver bool
+
 	stopOnce  sync.Once
 	stop      chan struct{} // closed by Close to end Serve
 	served    chan struct{} // closed when Serve returns
@@ -99,39 +105,25 @@ func (ri *ringInfo) ring() *ring.Ring { return ri.r.Load() }
 // interfaces' network namespace (the daemon serves one namespace). On error
 // nothing is left behind.
 func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
-	if log == nil {
-		log = zap.NewNop()
-	}
-	rc, err := cfg.resolve()
+	d, err := newDaemon(cfg, log)
 	if err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
+		return nil, err
 	}
-	d := &Daemon{cfg: rc, log: log, sessions: map[*session]struct{}{}, started: time.Now(), netns: netns.None(),
-		stop: make(chan struct{}), served: make(chan struct{})}
-	d.stats.clients = map[int]*clientStats{}
 	defer func() {
 		if err != nil {
 			_ = d.release()
 		}
 	}()
+	rc := &d.cfg
 	if err := prepareStatsDir(rc.StatsDir, log); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
 	if d.ln, err = ctlproto.Listen(rc.SocketPath, rc.SocketMode, rc.socketGID); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	if d.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
-		return nil, fmt.Errorf("daemon: netlink: %w", err)
+	if err := d.resolveInterfaces(); err != nil {
+		return nil, err
 	}
-	if rc.Interfaces, err = expandInterfaces(rc.Interfaces, rc.Queues, func(name string) (int, error) {
-		return rxQueueCount(d.nl, name)
-	}); err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
-	}
-	if err := checkDevMem(rc.Config); err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
-	}
-	d.cfg.Interfaces = rc.Interfaces
 	locked := map[string]bool{}
 	for _, it := range rc.Interfaces {
 		if locked[it.Name] {
@@ -144,16 +136,64 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 		d.locks = append(d.locks, l)
 		locked[it.Name] = true
 	}
+	if err := d.openRings(nil); err != nil {
+		return nil, err
+	}
+	if err := d.start(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// newDaemon validates cfg and returns a Daemon holding nothing yet.
+func newDaemon(cfg Config, log *zap.Logger) (*Daemon, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	rc, err := cfg.resolve()
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	d := &Daemon{cfg: rc, log: log, sessions: map[*session]struct{}{}, started: time.Now(), netns: netns.None(),
+		stop: make(chan struct{}), served: make(chan struct{}), gone: make(chan struct{})}
+	d.stats.clients = map[int]*clientStats{}
+	return d, nil
+}
+
+// resolveInterfaces opens the daemon's netlink handle and expands the
+// configured interfaces into their queues.
+func (d *Daemon) resolveInterfaces() (err error) {
+	rc := &d.cfg
+	if d.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
+		return fmt.Errorf("daemon: netlink: %w", err)
+	}
+	if rc.Interfaces, err = expandInterfaces(rc.Interfaces, rc.Queues, func(name string) (int, error) {
+		return rxQueueCount(d.nl, name)
+	}); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	if err := checkDevMem(rc.Config); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	d.cfg.Interfaces = rc.Interfaces
+	return nil
+}
+
+// openRings opens one ring per configured interface queue, on the calling
+// thread's network namespace; adopt, when not nil, gives what a ring
+// takes over from a previous daemon.
+func (d *Daemon) openRings(adopt func(i int, it Interface) (*ring.Adoption, error)) (err error) {
+	rc, log := &d.cfg, d.log
 	if d.netns, err = netns.Get(); err != nil {
-		return nil, fmt.Errorf("daemon: open the network namespace: %w", err)
+		return fmt.Errorf("daemon: open the network namespace: %w", err)
 	}
 	hwts, err := hwTimestampMode(rc.Interfaces, *rc.HWTSConversion, log)
 	if err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
+		return fmt.Errorf("daemon: %w", err)
 	}
 	fallback, err := ring.ParseFallback(rc.Fallback)
 	if err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
+		return fmt.Errorf("daemon: %w", err)
 	}
 	for _, it := range rc.Interfaces {
 		if d.device(it.Name) == nil {
@@ -180,31 +220,48 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 			DevMemInline:     rc.DevMemInline,
 			Log:              rlog,
 		}
+		if adopt != nil {
+			if rcfg.Adopt, err = adopt(k, it); err != nil {
+				return fmt.Errorf("daemon: ring %s: %w", it, err)
+			}
+		}
 		r, err := ring.Open(rcfg)
 		if err != nil {
 			if errors.Is(err, unix.EBUSY) {
-				return nil, fmt.Errorf("daemon: open ring %s: %w (another bypassd, or another AF_XDP/XDP user, probably holds it: check `ps -C bypassd` and `bpftool net`)", it, err)
+				return fmt.Errorf("daemon: open ring %s: %w (another bypassd, or another AF_XDP/XDP user, probably holds it: check `ps -C bypassd` and `bpftool net`)", it, err)
 			}
-			return nil, fmt.Errorf("daemon: open ring %s: %w", it, err)
+			return fmt.Errorf("daemon: open ring %s: %w", it, err)
 		}
+		rcfg.Adopt = nil // a ring reopened after its interface vanished starts afresh
 		ri := &ringInfo{it: it, log: rlog, cfg: rcfg}
 		ri.r.Store(r)
 		d.rings = append(d.rings, ri)
 	}
 	d.openRateTables()
+	return nil
+}
+
+// start starts the stats publisher and the metrics server.
+func (d *Daemon) start() error {
 	if err := d.startStats(); err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
+		return fmt.Errorf("daemon: %w", err)
 	}
 	if err := d.startMetrics(); err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
+		return fmt.Errorf("daemon: %w", err)
 	}
-	log.Info("bypassd ready", zap.String("socket", rc.SocketPath), zap.Stringers("interfaces", rc.Interfaces),
+	d.logReady()
+	return nil
+}
+
+// logReady logs that the daemon serves, with its settings.
+func (d *Daemon) logReady() {
+	rc := &d.cfg
+	d.log.Info("bypassd ready", zap.String("socket", rc.SocketPath), zap.Stringers("interfaces", rc.Interfaces),
 		zap.Int("queue_bytes", rc.QueueBytes), zap.Int32("rx_poll_us", pollMicros(rc.RXPoll)),
 		zap.Duration("engine_poll", rc.EnginePoll), zap.Int("max_sockets", rc.MaxSockets),
 		zap.Int64("max_queue_memory", rc.MaxQueueMemory), zap.String("stats_dir", rc.StatsDir),
 		zap.Duration("stats_interval", rc.StatsInterval), zap.String("metrics", d.MetricsAddr()),
 		zap.Int("dev_mem_tx", rc.DevMemTX), zap.Int("dev_mem_max", rc.DevMemMax))
-	return d, nil
 }
 
 // SocketPath returns the control socket's path.
@@ -258,6 +315,11 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	for stop := false; !stop; {
 		stop = true
 		select {
+		case <-d.gone:
+			d.log.Info("stopping: handed over to a new daemon")
+			<-acceptDone
+			d.sessWG.Wait()
+			return nil
 		case f := <-ringFailed:
 			if d.recoverRing(f, ringFailed) {
 				// Its interface vanished; the TAP fallback waits for it
@@ -316,6 +378,15 @@ func (d *Daemon) acceptLoop() error {
 	var delay time.Duration
 	for {
 		c, err := d.ln.Accept()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// Paused for a takeover.
+			if d.park(nil) {
+				continue
+			}
+			if d.isHandedOver() {
+				return nil
+			}
+		}
 		if err != nil {
 			if d.isStopping() {
 				return nil
@@ -341,6 +412,12 @@ func (d *Daemon) acceptLoop() error {
 		delay = 0
 		d.admit(c)
 	}
+}
+
+func (d *Daemon) isHandedOver() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.handedOver
 }
 
 func (d *Daemon) isStopping() bool {
@@ -430,6 +507,26 @@ func (d *Daemon) Close() error {
 	return d.closeErr
 }
 
+// abandon frees this process's descriptors after a handover (the rings
+// were released then) without removing the socket file or the lock files,
+// which the new daemon uses.
+func (d *Daemon) abandon() error {
+	d.rings = nil
+	if d.nl != nil {
+		d.nl.Close()
+		d.nl = nil
+	}
+	if d.netns.IsOpen() {
+		_ = d.netns.Close()
+	}
+	for _, l := range d.locks {
+		_ = l.f.Close()
+	}
+	d.locks = nil
+	d.lnOnce.Do(d.ln.Abandon)
+	return nil
+}
+
 // release frees the resources New acquired, in reverse order.
 func (d *Daemon) release() error {
 	var errs []error
@@ -441,6 +538,9 @@ func (d *Daemon) release() error {
 		errs = append(errs, err)
 	}
 	d.recoverWG.Wait() // stopping is set: they return within a poll
+	if d.isHandedOver() {
+		return d.abandon()
+	}
 	for i := len(d.rings) - 1; i >= 0; i-- {
 		if err := d.rings[i].ring().Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close ring %s: %w", d.rings[i].it, err))

@@ -52,10 +52,16 @@ type session struct {
 	opened  uint64
 
 	stopOnce sync.Once
+	// parked is closed when the session pauses for a takeover (set by
+	// Daemon.pause under Daemon.mu); done when run returned; abandoned
+	// when it was handed over (nothing released).
+	parked    chan struct{}
+	done      chan struct{}
+	abandoned bool
 }
 
 func newSession(d *Daemon, c *ctlproto.Conn, cred unix.Ucred) *session {
-	return &session{d: d, conn: c, cred: cred, sockets: map[uint32]*socket{}, closing: map[*ring.Endpoint]struct{}{},
+	return &session{d: d, conn: c, cred: cred, sockets: map[uint32]*socket{}, closing: map[*ring.Endpoint]struct{}{}, done: make(chan struct{}),
 		log: d.log.With(zap.Int32("pid", cred.Pid), zap.Uint32("uid", cred.Uid), zap.Uint32("gid", cred.Gid))}
 }
 
@@ -79,15 +85,30 @@ func (s *session) sendShutdown() {
 // run serves requests in order until the connection ends, then releases
 // everything the client held.
 func (s *session) run() {
+	defer close(s.done)
 	defer s.d.forget(s)
-	defer s.d.leaveClient(s)
-	defer s.release()
+	defer func() {
+		if s.abandoned {
+			s.abandon()
+			return
+		}
+		s.release()
+		s.d.leaveClient(s)
+	}()
 	for {
 		h, msg, fds, err := s.conn.Recv()
 		for _, fd := range fds {
 			// Requests carry no descriptors (Recv refuses those that do);
 			// never keep one.
 			unix.Close(fd)
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// Paused for a takeover (nothing else sets a read deadline).
+			if s.d.park(s) {
+				continue
+			}
+			s.abandoned = s.d.isHandedOver()
+			return
 		}
 		if err != nil {
 			if !isRefused(err) {
@@ -178,6 +199,9 @@ func (s *session) handle(h ctlproto.Header, msg ctlproto.Message) bool {
 	s.malformed = 0
 	s.d.ctl.count(h.Code, false)
 	if !s.hello {
+		if h.Code == ctlproto.CodeTakeover {
+			return s.onTakeover(h, msg)
+		}
 		if h.Code != ctlproto.CodeHello {
 			s.fail(h, fmt.Errorf("%v before HELLO: HELLO must be the first message: %w", h.Code, unix.EPROTO))
 			s.log.Info("closing session: first message was not HELLO", zap.Stringer("code", h.Code))

@@ -27,6 +27,9 @@ type socket struct {
 	// rxOffset. tx and rx are the two queues' memory within it.
 	mem    []byte
 	tx, rx []byte
+	// memfd is the daemon's descriptor of the memory, kept to hand it to
+	// a new daemon (live upgrade).
+	memfd int
 	// txq and rxq view the two queues, for their occupancy only (the
 	// engine and the client own the indexes).
 	txq, rxq *shmq.Queue
@@ -75,37 +78,41 @@ func socketMemory(queueBytes int) int {
 }
 
 // newSocket creates a socket's memfd with both queues formatted, and its
-// eventfds. It returns the memfd, which the caller sends and then closes.
-func newSocket(id uint32, family uint16, queueBytes int, home *ringInfo) (_ *socket, memfd int, err error) {
-	k := &socket{id: id, family: family, queueBytes: queueBytes, home: home, hdr: ring.DefaultHeaderOptions}
+// eventfds. The socket keeps the memfd (k.memfd), which the caller sends.
+func newSocket(id uint32, family uint16, queueBytes int, home *ringInfo) (_ *socket, err error) {
+	k := &socket{id: id, family: family, queueBytes: queueBytes, home: home, hdr: ring.DefaultHeaderOptions, memfd: -1}
 	home.homed.Add(1)
 	size := socketMemory(queueBytes)
-	memfd, k.mem, err = shmq.CreateMemfd(fmt.Sprintf("bypassd-socket-%d", id), size)
+	k.memfd, k.mem, err = shmq.CreateMemfd(fmt.Sprintf("bypassd-socket-%d", id), size)
 	if err != nil {
-		return nil, -1, fmt.Errorf("create shared memory of %d bytes: %w", size, err)
+		return nil, fmt.Errorf("create shared memory of %d bytes: %w", size, err)
 	}
 	defer func() {
 		if err != nil {
 			k.close()
-			unix.Close(memfd)
 		}
 	}()
-	qs := shmq.Size(queueBytes)
-	k.tx = k.mem[:qs:qs]
-	k.rx = k.mem[rxOffset(queueBytes) : rxOffset(queueBytes)+qs : rxOffset(queueBytes)+qs]
+	k.carve()
 	if k.txq, err = shmq.Init(k.tx, queueBytes); err != nil {
-		return nil, -1, fmt.Errorf("format TX queue: %w", err)
+		return nil, fmt.Errorf("format TX queue: %w", err)
 	}
 	if k.rxq, err = shmq.Init(k.rx, queueBytes); err != nil {
-		return nil, -1, fmt.Errorf("format RX queue: %w", err)
+		return nil, fmt.Errorf("format RX queue: %w", err)
 	}
 	if k.rxWait, err = shmq.NewWaiter(); err != nil {
-		return nil, -1, fmt.Errorf("RX eventfd: %w", err)
+		return nil, fmt.Errorf("RX eventfd: %w", err)
 	}
 	if k.txWait, err = shmq.NewWaiter(); err != nil {
-		return nil, -1, fmt.Errorf("TX eventfd: %w", err)
+		return nil, fmt.Errorf("TX eventfd: %w", err)
 	}
-	return k, memfd, nil
+	return k, nil
+}
+
+// carve sets the two queues' memory within k.mem.
+func (k *socket) carve() {
+	qs := shmq.Size(k.queueBytes)
+	k.tx = k.mem[:qs:qs]
+	k.rx = k.mem[rxOffset(k.queueBytes) : rxOffset(k.queueBytes)+qs : rxOffset(k.queueBytes)+qs]
 }
 
 // close releases everything the socket holds. The endpoint goes first:
@@ -129,9 +136,18 @@ func (k *socket) close() {
 	if k.txWait != nil {
 		_ = k.txWait.Close()
 	}
+	k.unmap()
+}
+
+// unmap frees the daemon's mapping and descriptor of the socket's memory.
+func (k *socket) unmap() {
 	if k.mem != nil {
 		_ = shmq.Unmap(k.mem)
 		k.mem, k.tx, k.rx, k.txq, k.rxq = nil, nil, nil, nil, nil
+	}
+	if k.memfd >= 0 {
+		unix.Close(k.memfd)
+		k.memfd = -1
 	}
 }
 
@@ -176,21 +192,19 @@ func (s *session) onOpen(h ctlproto.Header, m *ctlproto.Open) bool {
 		return s.fail(h, err)
 	}
 	id := s.newSocketID()
-	k, memfd, err := newSocket(id, m.Family, qb, home)
+	k, err := newSocket(id, m.Family, qb, home)
 	if err != nil {
 		return s.fail(h, err)
 	}
 	rh := ctlproto.ReplyHeader(h)
 	rh.Socket = id
 	fds := [ctlproto.FDsOpen]int{}
-	fds[ctlproto.FDMemfd] = memfd
+	fds[ctlproto.FDMemfd] = k.memfd
 	fds[ctlproto.FDRXWait] = k.rxWait.FD()
 	fds[ctlproto.FDTXWait] = k.txWait.FD()
 	fds[ctlproto.FDDoorbell] = k.home.ring().Doorbell().FD()
 	ok := s.reply(rh, ctlproto.OpenReply{QueueBytes: uint32(qb), MemfdSize: uint64(len(k.mem)),
 		TXOffset: 0, RXOffset: uint64(rxOffset(qb))}, fds[:]...)
-	// The client has its own copy now; the daemon keeps only the mapping.
-	unix.Close(memfd)
 	if !ok {
 		k.close()
 		return false

@@ -46,6 +46,9 @@ type Endpoint struct {
 	closed atomic.Bool
 	// broken is set by the engine when a queue turned out corrupt.
 	broken atomic.Bool
+	// adopted: handed over by a previous daemon, and the kernel may hold
+	// datagrams for it on its reservation (until Ring.Activate).
+	adopted atomic.Bool
 
 	// rate is the pacing rate SetPacing asked for (nil: unpaced).
 	rate atomic.Pointer[pacing.Rate]

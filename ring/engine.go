@@ -48,6 +48,10 @@ type Stats struct {
 	// no ring on the home queue); RXHandoffIn frames other rings passed to
 	// this one (counted before parsing, like RXBurst's frames).
 	RXHandedOff, RXHandoffDropped, RXHandoffIn atomic.Uint64
+	// RXKernelBacklog counts datagrams the kernel held on port
+	// reservations during a live upgrade and the new ring delivered (in
+	// RXPackets too).
+	RXKernelBacklog atomic.Uint64
 	// TXPaced counts datagrams sent from paced endpoints; TXPaceWaits
 	// times a paced endpoint's next datagram waited for its departure
 	// time; TXPaceLate those waits that ended later than the burst
@@ -137,6 +141,8 @@ type engine struct {
 	lastTable *table
 	// stg stages built frames in device memory (staging.go).
 	stg staging
+	// backlogBuf receives datagrams from port reservations (handover.go).
+	backlogBuf []byte
 
 	// Pacing (engine_pacing.go): the clock of this transmit pass, the
 	// wheel of endpoints waiting for a departure time, the endpoints with
@@ -226,6 +232,7 @@ func (e *engine) iterate(t *table) (int, error) {
 		e.pruneTemplates(t)
 		e.prunePaced(t)
 	}
+	e.drainBacklog(t)
 	work := e.receive()
 	for {
 		select {

@@ -218,7 +218,7 @@ func (r *Ring) steeringsLocked() []qp.Steering {
 	if p := r.fb.prim.Load(); p != nil {
 		out = append(out, p.steer)
 	}
-	if r.fb.standby != nil {
+	if r.fb.standby != nil && !r.standbyDeferred {
 		out = append(out, r.fb.standby.steer)
 	}
 	return out

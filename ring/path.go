@@ -52,7 +52,11 @@ type PathConfig struct {
 	// HWTimestamps asks for hardware receive timestamps on RX frames
 	// where the provider can deliver them (Caps.HWTimestamps reports it).
 	HWTimestamps bool
-	Log          *zap.Logger
+	// Adopt is an XDP program handed over by a previous daemon: the path
+	// uses it instead of attaching one, and its socket enters the XSKMAP
+	// only at Ring.Activate.
+	Adopt *bpf.Program
+	Log   *zap.Logger
 }
 
 // OpenPathFunc opens a provider and its steering. On error it leaves nothing

@@ -186,3 +186,38 @@ func releaseProgram(key progKey) error {
 	delete(programs.m, key)
 	return sp.prog.Close()
 }
+
+// adoptProgram registers a program handed over by a previous daemon as the
+// interface's shared program (another ring of the interface adopting it
+// again gets the registered one; the duplicate is abandoned).
+func adoptProgram(key progKey, p *bpf.Program) *sharedProgram {
+	programs.Lock()
+	defer programs.Unlock()
+	if sp, ok := programs.m[key]; ok {
+		sp.refs++
+		if sp.prog != p {
+			_ = p.Abandon()
+		}
+		return sp
+	}
+	sp := &sharedProgram{prog: p, refs: 1, owners: map[qp.Flow]map[uint32]int{}, steered: map[qp.Flow]uint32{}}
+	programs.m[key] = sp
+	return sp
+}
+
+// abandonProgram drops a reference like releaseProgram, but the last one
+// closes this process's descriptors without detaching the program: a new
+// daemon holds it now.
+func abandonProgram(key progKey) error {
+	programs.Lock()
+	defer programs.Unlock()
+	sp, ok := programs.m[key]
+	if !ok {
+		return nil
+	}
+	if sp.refs--; sp.refs > 0 {
+		return nil
+	}
+	delete(programs.m, key)
+	return sp.prog.Abandon()
+}

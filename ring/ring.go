@@ -118,6 +118,10 @@ type Config struct {
 	// why in its "ring open" log line (HWTimestampMode reports it).
 	HWTimestamps tsconv.Mode
 
+	// Adopt opens the ring on objects a previous daemon handed over (live
+	// upgrade, see handover.go); nil for a fresh ring.
+	Adopt *Adoption
+
 	Log *zap.Logger
 }
 
@@ -160,6 +164,9 @@ type Ring struct {
 	closed bool
 	// flowRefs counts the endpoints using each steering entry.
 	flowRefs map[qp.Flow]int
+	// standbyDeferred: an adopting ring (Config.Adopt) adds flows to its
+	// standby TAP path only at Activate (handover.go).
+	standbyDeferred bool
 	// retireMu guards the batch of endpoints waiting to leave the table
 	// and whether a closer is already removing one (see retire).
 	retireMu   sync.Mutex
@@ -174,8 +181,11 @@ type Ring struct {
 	epoch    atomic.Uint64
 	sleeping atomic.Bool
 	stop     atomic.Bool
-	done     chan struct{}
-	fatal    atomic.Pointer[error]
+	// backlogWanted asks the engine to read the adopted endpoints'
+	// reservations (handover.go).
+	backlogWanted atomic.Bool
+	done          chan struct{}
+	fatal         atomic.Pointer[error]
 
 	resolved chan resolution
 	// ctx ends with the ring; it bounds background next-hop resolutions.
@@ -253,6 +263,9 @@ func Open(cfg Config) (_ *Ring, err error) {
 		MAC: r.mac, MTU: r.mtu, NS: r.ns, Frames: cfg.Frames, FrameSize: cfg.FrameSize, Copy: cfg.Copy,
 		XDPMode: cfg.XDPMode, DeviceMemory: cfg.DevMemTX, HWTimestamps: deviceStamps(cfg),
 		Log: r.log}
+	if cfg.Adopt != nil {
+		pc.Adopt = cfg.Adopt.Program
+	}
 	if err = r.openPaths(pc); err != nil {
 		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
 	}
@@ -272,11 +285,15 @@ func Open(cfg Config) (_ *Ring, err error) {
 		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
 	}
 	cleanups = append(cleanups, func() { _ = r.res.Close() })
-	if r.doorbell, err = shmq.NewWaiter(); err != nil {
+	if cfg.Adopt != nil && cfg.Adopt.Doorbell != nil {
+		// Clients hold this eventfd: the new engine must sleep on it.
+		r.doorbell = cfg.Adopt.Doorbell
+	} else if r.doorbell, err = shmq.NewWaiter(); err != nil {
 		return nil, fmt.Errorf("ring %s/%d: doorbell: %w", cfg.Interface, cfg.Queue, err)
 	}
 	r.table.Store(&table{byAddr: map[netip.AddrPort][]*Endpoint{}})
 	r.flowRefs = map[qp.Flow]int{}
+	r.standbyDeferred = cfg.Adopt != nil
 	r.eng.init(r)
 	if err = r.eng.initStaging(); err != nil {
 		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)

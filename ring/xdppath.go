@@ -18,7 +18,12 @@ func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	sp, err := acquireProgram(key, bpf.Options{Mode: pc.XDPMode, RXTimestamps: pc.HWTimestamps, Queues: pc.Queues})
+	var sp *sharedProgram
+	if pc.Adopt != nil {
+		sp = adoptProgram(key, pc.Adopt)
+	} else {
+		sp, err = acquireProgram(key, bpf.Options{Mode: pc.XDPMode, RXTimestamps: pc.HWTimestamps, Queues: pc.Queues})
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("attach XDP program: %w", err)
 	}
@@ -34,11 +39,25 @@ func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if err = prog.SetSocket(uint32(pc.Queue), sock.FD()); err != nil {
-		_ = sock.Close()
-		return nil, nil, fmt.Errorf("register socket in XSKMAP: %w", err)
+	st := &xdpSteering{key: key, sp: sp, prog: prog, slot: uint32(pc.Queue), xsk: sock.FD()}
+	if pc.Adopt != nil {
+		// Activate registers it, once the handed-over endpoints are bound.
+		return sock, st, nil
 	}
-	return sock, &xdpSteering{key: key, sp: sp, prog: prog, slot: uint32(pc.Queue)}, nil
+	if err = st.activate(); err != nil {
+		_ = sock.Close()
+		return nil, nil, err
+	}
+	return sock, st, nil
+}
+
+// activate puts the ring's socket in its XSKMAP slot: steered frames reach
+// it from now on.
+func (s *xdpSteering) activate() error {
+	if err := s.prog.SetSocket(s.slot, s.xsk); err != nil {
+		return fmt.Errorf("register socket in XSKMAP: %w", err)
+	}
+	return nil
 }
 
 // xdpSteering is the ring's view of the interface's XDP program: its flows
@@ -49,6 +68,7 @@ type xdpSteering struct {
 	sp   *sharedProgram
 	prog *bpf.Program
 	slot uint32
+	xsk  int // the AF_XDP socket's descriptor
 }
 
 func (s *xdpSteering) AddFlow(f qp.Flow) error { return s.sp.addFlow(f, s.slot) }

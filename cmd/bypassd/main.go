@@ -1,6 +1,7 @@
 // Command bypassd is the bypassd daemon: it opens the AF_XDP rings of the
 // configured interface queues and serves applications that use the socket
-// package over its control socket, until SIGTERM or SIGINT.
+// package over its control socket, until SIGTERM or SIGINT. SIGHUP starts
+// the binary installed at the same path to take over (live upgrade).
 //
 // This file wires flags, logging and signals to package daemon, which owns
 // everything else; options.go owns the flag, environment and config-file
@@ -59,6 +60,19 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	defer signal.Stop(hups)
+	go func() {
+		for range hups {
+			exe, err := executable()
+			if err != nil {
+				log.Error("reload: cannot find the installed binary; serving on", zap.Error(err))
+				continue
+			}
+			startSuccessor(exe, args, log)
+		}
+	}()
 	go func() {
 		s, ok := <-sigs
 		if !ok {
@@ -77,10 +91,20 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}()
 
 	log.Info("bypassd starting", zap.String("version", versionString()), zap.Int("pid", os.Getpid()))
-	d, err := daemon.New(o.cfg, log)
+	var d *daemon.Daemon
+	if o.takeover {
+		d, err = daemon.Takeover(o.cfg, daemon.TakeoverOptions{}, log)
+	} else {
+		d, err = daemon.New(o.cfg, log)
+	}
 	if err != nil {
 		log.Error("cannot start", zap.Error(err))
 		return 1
+	}
+	// For a Type=notify unit: ready, and (after a takeover) the main
+	// process now.
+	if err := sdNotify(fmt.Sprintf("READY=1\nMAINPID=%d", os.Getpid())); err != nil {
+		log.Warn("cannot notify systemd", zap.Error(err))
 	}
 	status := 0
 	if err := d.Serve(ctx); err != nil {

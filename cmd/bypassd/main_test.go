@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -41,7 +40,7 @@ type proc struct {
 	// ready is closed when the daemon logged that it is serving; done when
 	// its log ends.
 	ready, done chan struct{}
-	exit        chan error
+	exit        chan *os.ProcessState
 }
 
 // startDaemon runs bypassd with args inside ns.
@@ -51,7 +50,7 @@ func startDaemon(t *testing.T, ns *netlab.NS, args ...string) *proc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{ready: make(chan struct{}), done: make(chan struct{}), exit: make(chan error, 1)}
+	p := &proc{ready: make(chan struct{}), done: make(chan struct{}), exit: make(chan *os.ProcessState, 1)}
 	p.cmd = ns.Command(nil, self, args...)
 	p.cmd.Env = append(os.Environ(), envExec+"=1")
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -68,8 +67,10 @@ func startDaemon(t *testing.T, ns *netlab.NS, args ...string) *proc {
 	}
 	go p.read(stderr)
 	go func() {
-		<-p.done
-		p.exit <- p.cmd.Wait()
+		// Not cmd.Wait: that waits for the log's end too, which a
+		// successor started by SIGHUP (holding the same stderr) delays.
+		st, _ := p.cmd.Process.Wait()
+		p.exit <- st
 	}()
 	t.Cleanup(func() {
 		_ = p.cmd.Process.Kill()
@@ -114,18 +115,14 @@ func (p *proc) waitReady(t *testing.T) {
 func (p *proc) wait(t *testing.T) int {
 	t.Helper()
 	select {
-	case err := <-p.exit:
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-				return 128 + int(ws.Signal())
-			}
-			return ee.ExitCode()
+	case st := <-p.exit:
+		if st == nil {
+			t.Fatal("wait: no process state")
 		}
-		if err != nil {
-			t.Fatalf("wait: %v", err)
+		if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
 		}
-		return 0
+		return st.ExitCode()
 	case <-time.After(30 * time.Second):
 		t.Fatalf("bypassd did not exit:\n%s", p.log())
 	}

@@ -34,6 +34,8 @@ type options struct {
 	logLevel  zapcore.Level
 	logFormat string
 	version   bool
+	// takeover: replace the daemon running on the socket (live upgrade).
+	takeover bool
 }
 
 // setting is one option: a long flag (also its config-file key), maybe a
@@ -281,6 +283,7 @@ func parseOptions(args []string, getenv func(string) string) (*options, error) {
 	}
 	configPath := fs.String("config", "", "")
 	fs.BoolVar(&o.version, "version", false, "")
+	fs.BoolVar(&o.takeover, "takeover", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -460,9 +463,12 @@ precedence: option > environment > config file > default):
 		fmt.Fprintf(w, "  %-30s default %s; env %s\n", "", s.def, s.env)
 	}
 	fmt.Fprintf(w, "  %-30s %s\n", "--config FILE", "read `key = value` lines (keys: the option names above); env BYPASSD_CONFIG")
+	fmt.Fprintf(w, "  %-30s %s\n", "--takeover", "replace the bypassd running on the socket without closing its clients' sockets (live upgrade; same options)")
 	fmt.Fprintf(w, "  %-30s %s\n", "--version", "print the version and exit")
 	fmt.Fprint(w, `
 SIGTERM or SIGINT shuts down gracefully (clients are told, rings closed,
-XDP detached, files removed); a second signal exits at once.
+XDP detached, files removed); a second signal exits at once. A daemon that
+handed over to a --takeover successor exits 0 without touching what it
+handed over.
 `)
 }

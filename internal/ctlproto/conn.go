@@ -365,12 +365,11 @@ func (c *Conn) PeerCred() (*unix.Ucred, error) {
 	return cred, nil
 }
 
-// Detach ends c's use of the connection without ending the connection: it
-// returns a new descriptor of the socket (close-on-exec, owned by the
-// caller) and closes c's. A live upgrade hands connections to the new
-// daemon this way; the peer notices nothing. Call it when no Recv or Send
-// is pending.
-func (c *Conn) Detach() (int, error) {
+// Dup returns a new descriptor of the connection's socket (close-on-exec,
+// owned by the caller). A live upgrade hands connections to the new daemon
+// this way; the peer notices nothing, and closing c afterwards does not end
+// the connection while the duplicate is open.
+func (c *Conn) Dup() (int, error) {
 	var nfd int
 	var derr error
 	err := c.rc.Control(func(fd uintptr) {
@@ -380,10 +379,8 @@ func (c *Conn) Detach() (int, error) {
 		err = derr
 	}
 	if err != nil {
-		return -1, fmt.Errorf("ctlproto: detach: %w", connError(&c.closed, err))
+		return -1, fmt.Errorf("ctlproto: duplicate: %w", connError(&c.closed, err))
 	}
-	c.closed.Store(true)
-	_ = c.f.Close()
 	return nfd, nil
 }
 

@@ -230,12 +230,9 @@ func (l *Listener) Accept() (*Conn, error) {
 	return NewConn(nfd)
 }
 
-// Detach stops this Listener without closing the listening socket or
-// removing its file: it returns a new descriptor of the socket (owned by
-// the caller) for another process to accept on (live upgrade). Accept
-// returns net.ErrClosed afterwards; connections that arrive meanwhile wait
-// in the backlog.
-func (l *Listener) Detach() (int, error) {
+// Dup returns a new descriptor of the listening socket (owned by the
+// caller), for another process to accept on (live upgrade).
+func (l *Listener) Dup() (int, error) {
 	var nfd int
 	var derr error
 	err := l.rc.Control(func(fd uintptr) {
@@ -245,13 +242,29 @@ func (l *Listener) Detach() (int, error) {
 		err = derr
 	}
 	if err != nil {
-		return -1, fmt.Errorf("ctlproto: detach listener %s: %w", l.path, err)
+		return -1, fmt.Errorf("ctlproto: duplicate listener %s: %w", l.path, err)
 	}
+	return nfd, nil
+}
+
+// SetDeadline makes a pending and any later Accept return
+// os.ErrDeadlineExceeded once t passes (zero: no deadline): the daemon
+// pauses accepting this way, leaving newcomers in the backlog.
+func (l *Listener) SetDeadline(t time.Time) error {
+	if err := l.f.SetReadDeadline(t); err != nil {
+		return fmt.Errorf("ctlproto: listener %s: set deadline: %w", l.path, err)
+	}
+	return nil
+}
+
+// Abandon closes this Listener's descriptor without removing the socket
+// file: after a Dup handed to a new daemon, the socket goes on listening
+// there. Later Close calls do nothing.
+func (l *Listener) Abandon() {
 	l.closeOnce.Do(func() {
 		l.closed.Store(true)
 		_ = l.f.Close()
 	})
-	return nfd, nil
 }
 
 // Close stops accepting (unblocking Accept) and removes the socket file if

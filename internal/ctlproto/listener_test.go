@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/bypassd/bypassd/internal/netlab"
 	"golang.org/x/sys/unix"
@@ -342,10 +343,10 @@ func dialAsNobody(path string) (*Conn, error) {
 	return r.c, r.err
 }
 
-// TestDetachHandsOver: a detached listener and connection keep working
-// through the returned descriptors (live upgrade), the socket file stays,
-// and the peer notices nothing.
-func TestDetachHandsOver(t *testing.T) {
+// TestHandOver: a listener and a connection keep working through
+// duplicates after the originals are gone (live upgrade), the socket file
+// stays, and the peer notices nothing.
+func TestHandOver(t *testing.T) {
 	path := sockPath(t)
 	l, err := Listen(path, 0o600, -1)
 	if err != nil {
@@ -360,20 +361,28 @@ func TestDetachHandsOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lfd, err := l.Detach()
+	if err := l.SetDeadline(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Accept(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Accept past the deadline: %v", err)
+	}
+	lfd, err := l.Dup()
 	if err != nil {
 		t.Fatal(err)
 	}
+	l.Abandon()
 	if _, err := l.Accept(); !errors.Is(err, net.ErrClosed) {
-		t.Fatalf("Accept after Detach: %v, want net.ErrClosed", err)
+		t.Fatalf("Accept after Abandon: %v, want net.ErrClosed", err)
 	}
 	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("socket file gone after Detach: %v", err)
+		t.Fatalf("socket file gone after Abandon: %v", err)
 	}
-	cfd, err := srv.Detach()
+	cfd, err := srv.Dup()
 	if err != nil {
 		t.Fatal(err)
 	}
+	srv.Close()
 	l2, err := ListenerFromFD(lfd, path)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,488 @@
+package daemon
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/bpf"
+	"github.com/bypassd/bypassd/daemon/takeover"
+	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/ring"
+	"github.com/bypassd/bypassd/ring/pacing"
+)
+
+// The new daemon's side of a live upgrade (see handover.go for the old
+// one's): Takeover asks the daemon running on cfg.SocketPath for its state,
+// checks it, commits, and rebuilds the daemon around what it received.
+
+// TakeoverOptions tune Takeover.
+type TakeoverOptions struct {
+	// MinState and MaxState are the state document versions accepted
+	// (zero: takeover.MinVersion..takeover.Version). Tests narrow them to
+	// check refusals.
+	MinState, MaxState int
+}
+
+// Takeover replaces the bypassd serving cfg.SocketPath: it receives that
+// daemon's control socket, sessions, sockets and steering program and
+// returns a Daemon serving them (call Serve as after New). Before it
+// commits, any failure leaves the old daemon serving; after, the old one
+// is gone and an error means the clients lost their daemon. Like New, it
+// must run on a thread in the interfaces' network namespace.
+func Takeover(cfg Config, opts TakeoverOptions, log *zap.Logger) (_ *Daemon, err error) {
+	if opts.MinState == 0 {
+		opts.MinState, opts.MaxState = takeover.MinVersion, takeover.Version
+	}
+	d, err := newDaemon(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	committed := false
+	defer func() {
+		if err != nil && !committed {
+			_ = d.release()
+		}
+	}()
+	if err := d.resolveInterfaces(); err != nil {
+		return nil, err
+	}
+	log = d.log.With(zap.String("takeover", "take"))
+	start := time.Now()
+	tc, oldPID, err := requestTakeover(d.cfg.SocketPath, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer tc.Close()
+	_ = tc.SetDeadline(time.Now().Add(takeoverTimeout))
+	version, doc, files, err := tc.Receive(opts.MinState, opts.MaxState)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: takeover from pid %d: %w", oldPID, err)
+	}
+	defer func() {
+		if n := files.Close(); n > 0 && err == nil {
+			log.Warn("descriptors the state document did not name were closed", zap.Int("count", n))
+		}
+	}()
+	st, err := takeover.Decode(doc, files.Len())
+	if err == nil {
+		err = d.checkState(st)
+	}
+	if err != nil {
+		_ = tc.Refuse(err.Error())
+		return nil, fmt.Errorf("daemon: takeover from pid %d refused: %w", oldPID, err)
+	}
+	if err := tc.Commit(); err != nil {
+		return nil, fmt.Errorf("daemon: takeover from pid %d: %w", oldPID, err)
+	}
+	committed = true
+	// From here on the old daemon stops; failing leaves the clients
+	// without a daemon, so say so.
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("%w (the old daemon had handed over: its clients lost their daemon; start bypassd again)", err)
+			_ = d.release()
+		}
+	}()
+	final, err := tc.AwaitReleased()
+	if err != nil {
+		return nil, fmt.Errorf("daemon: takeover from pid %d: waiting for the rings: %w", oldPID, err)
+	}
+	paused := time.Since(start)
+	if err := d.adopt(st, final, files); err != nil {
+		return nil, fmt.Errorf("daemon: takeover from pid %d: %w", oldPID, err)
+	}
+	log.Info("took over", zap.Int("old_pid", oldPID), zap.Int("state_version", version), zap.Int("sessions", len(st.Sessions)),
+		zap.Int("descriptors", files.Len()), zap.Duration("handover", paused), zap.Duration("total", time.Since(start)))
+	return d, nil
+}
+
+// requestTakeover sends TAKEOVER and returns the connection as a takeover
+// stream.
+func requestTakeover(path string, opts TakeoverOptions) (*takeover.Conn, int, error) {
+	c, err := ctlproto.Dial(path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("daemon: takeover: no daemon to take over: %w", err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(takeoverTimeout))
+	h := ctlproto.Header{Code: ctlproto.CodeTakeover, ReqID: 1}
+	if err := c.Send(h, ctlproto.Takeover{MinState: uint16(opts.MinState), MaxState: uint16(opts.MaxState)}); err != nil {
+		return nil, 0, fmt.Errorf("daemon: takeover: %w", err)
+	}
+	rh, m, fds, err := c.Recv()
+	closeFDs(fds)
+	if err != nil {
+		return nil, 0, fmt.Errorf("daemon: takeover: no answer from the running daemon: %w", err)
+	}
+	switch rh.Status {
+	case 0:
+	case unix.ENOSYS, unix.EPROTO:
+		return nil, 0, fmt.Errorf("daemon: takeover: the running daemon cannot hand over (it predates live upgrade): stop it and start this one: %w", rh.Status)
+	case unix.EPROTONOSUPPORT:
+		return nil, 0, fmt.Errorf("daemon: takeover: no state version in common with the running daemon (this one reads %d..%d; see its log): %w",
+			opts.MinState, opts.MaxState, rh.Status)
+	case unix.EBUSY:
+		return nil, 0, fmt.Errorf("daemon: takeover: the running daemon cannot hand over now (a ring is not on its fast path, or another takeover runs; see its log): retry later: %w", rh.Status)
+	case unix.EPERM:
+		return nil, 0, fmt.Errorf("daemon: takeover: run as root or as the running daemon's user: %w", rh.Status)
+	default:
+		return nil, 0, fmt.Errorf("daemon: takeover: refused by the running daemon: %w", rh.Status)
+	}
+	rep, ok := m.(*ctlproto.TakeoverReply)
+	if !ok {
+		return nil, 0, fmt.Errorf("daemon: takeover: reply body %T", m)
+	}
+	fd, err := c.Dup()
+	if err != nil {
+		return nil, 0, err
+	}
+	tc, err := takeover.NewConn(fd)
+	if err != nil {
+		return nil, 0, err
+	}
+	return tc, int(rep.DaemonPID), nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// checkState refuses a state this daemon's configuration cannot adopt.
+func (d *Daemon) checkState(st *takeover.State) error {
+	if st.Path != d.cfg.SocketPath {
+		return fmt.Errorf("the running daemon serves %s, this one is configured for %s", st.Path, d.cfg.SocketPath)
+	}
+	if len(st.Rings) != len(d.cfg.Interfaces) {
+		return fmt.Errorf("the running daemon has %d rings, this one is configured for %d: start it with the same --interface list", len(st.Rings), len(d.cfg.Interfaces))
+	}
+	for i, r := range st.Rings {
+		if it := d.cfg.Interfaces[i]; r.Interface != it.Name || r.Queue != it.Queue {
+			return fmt.Errorf("ring %d is %s/%d in the running daemon, %s here: start it with the same --interface list", i, r.Interface, r.Queue, it)
+		}
+	}
+	for _, ss := range st.Sessions {
+		for _, k := range ss.Sockets {
+			if k.QueueBytes <= 0 || k.MemSize < int64(socketMemory(k.QueueBytes)) {
+				return fmt.Errorf("socket %d: queue size %d in %d bytes of memory", k.ID, k.QueueBytes, k.MemSize)
+			}
+		}
+	}
+	return nil
+}
+
+// adopt builds the daemon from a received state: listener, locks, rings on
+// the handed-over programs and doorbells, the sessions with their sockets,
+// then starts receiving, publishing and serving the sessions.
+func (d *Daemon) adopt(st *takeover.State, final *takeover.Final, files *takeover.Files) error {
+	fd, err := files.Take(st.Listener)
+	if err != nil {
+		return err
+	}
+	if d.ln, err = ctlproto.ListenerFromFD(fd, st.Path); err != nil {
+		return err
+	}
+	for _, l := range st.Locks {
+		fd, err := files.Take(l.FD)
+		if err != nil {
+			return err
+		}
+		f := os.NewFile(uintptr(fd), l.Path)
+		d.locks = append(d.locks, &ifaceLock{path: l.Path, f: f})
+		if err := f.Truncate(0); err == nil {
+			_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+		}
+	}
+	progs := map[string]*bpf.Program{}
+	for _, p := range st.Programs {
+		h := bpf.Handles{Maps: map[string]int{}, Mode: bpf.ModeNative}
+		if p.Mode == bpf.ModeGeneric.String() {
+			h.Mode = bpf.ModeGeneric
+		}
+		if h.Link, err = files.Take(p.Link); err != nil {
+			return err
+		}
+		if h.Prog, err = files.Take(p.Prog); err != nil {
+			return err
+		}
+		for name, i := range p.Maps {
+			if h.Maps[name], err = files.Take(i); err != nil {
+				return err
+			}
+		}
+		prog, err := bpf.Adopt(p.Ifindex, h)
+		if err != nil {
+			return fmt.Errorf("interface %s: %w", p.Interface, err)
+		}
+		progs[p.Interface] = prog
+	}
+	err = d.openRings(func(i int, it Interface) (*ring.Adoption, error) {
+		fd, err := files.Take(st.Rings[i].Doorbell)
+		if err != nil {
+			return nil, err
+		}
+		w, err := shmq.NewWaiterFD(fd)
+		if err != nil {
+			return nil, err
+		}
+		prog := progs[it.Name]
+		if prog == nil {
+			return nil, fmt.Errorf("no steering program handed over for %s", it.Name)
+		}
+		return &ring.Adoption{Doorbell: w, Program: prog}, nil
+	})
+	if err != nil {
+		return err
+	}
+	for i, ri := range d.rings {
+		c := st.Rings[i].Counters
+		if i < len(final.Rings) && final.Rings[i] != nil {
+			c = final.Rings[i]
+		}
+		seedRing(ri.ring(), c)
+	}
+	d.nextSocket.Store(st.NextSocket)
+	d.ctl.sessionsTotal.Store(st.Control["sessions_total"])
+	d.ctl.socketsTotal.Store(st.Control["sockets_total"])
+	if err := d.startStats(); err != nil {
+		return err
+	}
+	var sessions []*session
+	defer func() {
+		if err != nil {
+			for _, s := range sessions {
+				s.release()
+			}
+		}
+	}()
+	for _, ss := range st.Sessions {
+		s, err := d.adoptSession(ss, final, files)
+		if s != nil {
+			sessions = append(sessions, s)
+		}
+		if err != nil {
+			return fmt.Errorf("client pid %d: %w", ss.PID, err)
+		}
+	}
+	for _, ri := range d.rings {
+		if err := ri.ring().Activate(); err != nil {
+			return err
+		}
+	}
+	if err := d.startMetrics(); err != nil {
+		return err
+	}
+	d.logReady()
+	d.mu.Lock()
+	for _, s := range sessions {
+		d.sessions[s] = struct{}{}
+		d.sessWG.Add(1)
+		go s.run()
+	}
+	d.mu.Unlock()
+	return nil
+}
+
+// adoptSession rebuilds one session and its sockets.
+func (d *Daemon) adoptSession(ss takeover.Session, final *takeover.Final, files *takeover.Files) (*session, error) {
+	fd, err := files.Take(ss.Conn)
+	if err != nil {
+		return nil, err
+	}
+	c, err := ctlproto.NewConn(fd)
+	if err != nil {
+		return nil, err
+	}
+	s := newSession(d, c, unix.Ucred{Pid: ss.PID, Uid: ss.UID, Gid: ss.GID})
+	s.hello, s.program, s.opened = ss.Hello, ss.Program, ss.Opened
+	if ss.Program != "" {
+		s.log = s.log.With(zap.String("program", ss.Program))
+	}
+	for k, v := range ss.Retired {
+		if i, err := strconv.Atoi(k); err == nil && i >= 0 && i < len(s.retired) {
+			s.retired[i] = v
+		}
+	}
+	if ss.Stats {
+		d.joinClient(s, ss.Program)
+	}
+	for _, ks := range ss.Sockets {
+		k, err := d.adoptSocket(ks, final, files)
+		if err != nil {
+			return s, fmt.Errorf("socket %d: %w", ks.ID, err)
+		}
+		s.sockets[k.id] = k
+		s.queueMem += int64(socketMemory(k.queueBytes))
+	}
+	return s, nil
+}
+
+// adoptSocket maps a handed-over socket's memory and, if it was bound,
+// binds its endpoint again on the adopted ring.
+func (d *Daemon) adoptSocket(ks takeover.Socket, final *takeover.Final, files *takeover.Files) (_ *socket, err error) {
+	k := &socket{id: ks.ID, family: ks.Family, queueBytes: ks.QueueBytes, home: d.rings[ks.Ring], memfd: -1,
+		reuseAddr: ks.ReuseAddr, timestamping: ks.Timestamping,
+		hdr: ring.HeaderOptions{TTL: ks.Options.TTL, MulticastTTL: ks.Options.MulticastTTL, TOS: ks.Options.TOS, MulticastLoop: ks.Options.MulticastLoop}}
+	k.home.homed.Add(1)
+	defer func() {
+		if err != nil {
+			k.close()
+		}
+	}()
+	if k.memfd, err = files.Take(ks.Memfd); err != nil {
+		return nil, err
+	}
+	if k.mem, err = shmq.MapMemfd(k.memfd, int(ks.MemSize)); err != nil {
+		return nil, err
+	}
+	k.carve()
+	if k.txq, err = shmq.Attach(k.tx); err != nil {
+		return nil, fmt.Errorf("TX queue: %w", err)
+	}
+	if k.rxq, err = shmq.Attach(k.rx); err != nil {
+		return nil, fmt.Errorf("RX queue: %w", err)
+	}
+	waiter := func(i int) (*shmq.Waiter, error) {
+		fd, err := files.Take(i)
+		if err != nil {
+			return nil, err
+		}
+		return shmq.NewWaiterFD(fd)
+	}
+	if k.rxWait, err = waiter(ks.RXWait); err != nil {
+		return nil, err
+	}
+	if k.txWait, err = waiter(ks.TXWait); err != nil {
+		return nil, err
+	}
+	for _, g := range ks.Pending {
+		pg := pendingGroup{}
+		if pg.group, err = netip.ParseAddr(g.Group); err != nil {
+			return nil, err
+		}
+		if len(g.Sources) > 0 {
+			if pg.source, err = netip.ParseAddr(g.Sources[0]); err != nil {
+				return nil, err
+			}
+		}
+		k.pending = append(k.pending, pg)
+	}
+	if r := ks.RateRequest; r != nil {
+		k.rateReq = pacing.Rate{Kbps: r.Kbps, MaxBurst: r.MaxBurst, TypicalBytes: r.TypicalBytes}
+		if k.rate, err = k.home.rates.Acquire(k.rateReq); err != nil {
+			return nil, fmt.Errorf("pacing rate %v: %w", k.rateReq, err)
+		}
+	}
+	if ks.Endpoint == nil {
+		return k, nil
+	}
+	e := ks.Endpoint
+	h := ring.EndpointHandover{Reservation: -1}
+	if h.Local, err = netip.ParseAddrPort(e.Local); err != nil {
+		return nil, err
+	}
+	if e.Peer != "" {
+		if h.Peer, err = netip.ParseAddrPort(e.Peer); err != nil {
+			return nil, err
+		}
+	}
+	for _, a := range e.Steered {
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			return nil, err
+		}
+		h.Steered = append(h.Steered, ip)
+	}
+	for _, g := range e.Groups {
+		m := ring.Membership{}
+		if m.Group, err = netip.ParseAddr(g.Group); err != nil {
+			return nil, err
+		}
+		for _, src := range g.Sources {
+			a, err := netip.ParseAddr(src)
+			if err != nil {
+				return nil, err
+			}
+			m.Sources = append(m.Sources, a)
+		}
+		h.Groups = append(h.Groups, m)
+	}
+	if h.Reservation, err = files.Take(e.Reservation); err != nil {
+		return nil, err
+	}
+	// The endpoint owns the waiters from here on (also on error).
+	rxw, txw := k.rxWait, k.txWait
+	k.rxWait, k.txWait = nil, nil
+	ep, err := k.home.ring().AdoptEndpoint(h, &ring.Queues{TX: k.tx, RX: k.rx, RXWait: rxw, TXWait: txw})
+	if err != nil {
+		return nil, err
+	}
+	k.ep = ep
+	ep.SetHeaderOptions(k.hdr)
+	if k.rate != nil {
+		ep.SetPacing(&k.rate.Rate)
+	}
+	c := e.Counters
+	if fc, ok := final.Endpoints[ks.ID]; ok {
+		c = fc
+	}
+	seedEndpoint(ep, c)
+	return k, nil
+}
+
+// seedRing and seedEndpoint carry counters over, so totals never go back.
+func seedRing(r *ring.Ring, c map[string]uint64) {
+	st := r.Stats()
+	for name, v := range c {
+		switch name {
+		case "rx_packets":
+			st.RXPackets.Add(v)
+		case "rx_bytes":
+			st.RXBytes.Add(v)
+		case "tx_packets":
+			st.TXPackets.Add(v)
+		case "tx_bytes":
+			st.TXBytes.Add(v)
+		case "rx_queue_full":
+			st.RXQueueFull.Add(v)
+		case "rx_no_endpoint":
+			st.RXNoEndpoint.Add(v)
+		case "tx_unreachable":
+			st.TXUnreachable.Add(v)
+		case "tx_errors":
+			st.TXErrors.Add(v)
+		case "rx_kernel_backlog":
+			st.RXKernelBacklog.Add(v)
+		}
+	}
+}
+
+func seedEndpoint(ep *ring.Endpoint, c map[string]uint64) {
+	es := ep.Stats()
+	for name, v := range c {
+		switch name {
+		case "rx_packets":
+			es.RXPackets.Add(v)
+		case "rx_bytes":
+			es.RXBytes.Add(v)
+		case "rx_dropped":
+			es.RXDropped.Add(v)
+		case "tx_packets":
+			es.TXPackets.Add(v)
+		case "tx_bytes":
+			es.TXBytes.Add(v)
+		case "tx_unreachable":
+			es.TXUnreachable.Add(v)
+		case "tx_errors":
+			es.TXErrors.Add(v)
+		}
+	}
+}

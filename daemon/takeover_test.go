@@ -1,0 +1,316 @@
+package daemon
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/daemon/takeover"
+	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/sockq"
+)
+
+// takeOver runs Takeover in the lab's namespace and serves the new daemon
+// until the test ends; its cleanup checks the new daemon stops cleanly.
+func takeOver(t *testing.T, l *lab, opts TakeoverOptions) (*Daemon, error) {
+	t.Helper()
+	log := zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Named("new")
+	var d *Daemon
+	err := l.p.A.NS.Do(func() error {
+		var err error
+		d, err = Takeover(l.cfg, opts, log)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- d.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("new daemon Serve: %v", err)
+		}
+		if err := d.Close(); err != nil {
+			t.Errorf("new daemon Close: %v", err)
+		}
+		if _, err := os.Stat(l.cfg.SocketPath); !os.IsNotExist(err) {
+			t.Errorf("socket file left behind by the new daemon: %v", err)
+		}
+	})
+	return d, nil
+}
+
+// stream counts numbered datagrams a kernel peer sends to sockets.
+type stream struct {
+	sent     atomic.Uint64
+	mu       sync.Mutex
+	got      []map[uint64]bool
+	last     []time.Time
+	longest  time.Duration
+	received atomic.Uint64
+	when     []time.Time
+}
+
+// TestTakeoverUnderTraffic: a second daemon takes over while a kernel peer
+// streams numbered datagrams to four sockets of one client: no datagram is
+// lost, the client's connection, sockets, options and pacing rate survive,
+// its sends still leave, the old daemon's Serve returns, the new one's ring
+// counters go on from the old one's, and new clients are accepted.
+func TestTakeoverUnderTraffic(t *testing.T) {
+	t.Parallel()
+	l := newLab(t, Config{QueueBytes: 1 << 20})
+	c := helloClient(t, l)
+	const nsock = 4
+	var socks []*clientSocket
+	var locals []netip.AddrPort
+	for range nsock {
+		s := openSocket(t, c, unix.AF_INET)
+		local, err := c.bind(s, netip.AddrPortFrom(l.p.A.Addr4(), 0), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		socks, locals = append(socks, s), append(locals, local)
+	}
+	if _, err := c.ok(ctlproto.CodeSetSockOpt, socks[1].id, ctlproto.SetSockOpt{Level: unix.IPPROTO_IP, Name: unix.IP_TTL, Value: le32(7)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ok(ctlproto.CodeSetSockOpt, socks[2].id, ctlproto.SetSockOpt{Level: unix.SOL_SOCKET, Name: unix.SO_MAX_PACING_RATE, Value: le32(1_250_000)}); err != nil {
+		t.Fatal(err)
+	}
+	peer := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	peerAddr := peer.LocalAddr().(*net.UDPAddr).AddrPort()
+
+	st := &stream{got: make([]map[uint64]bool, nsock), last: make([]time.Time, nsock)}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, s := range socks {
+		st.got[i] = map[uint64]bool{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			msgs := make([]sockq.Message, 32)
+			for j := range msgs {
+				msgs[j].Buf = make([]byte, 64)
+			}
+			for {
+				n, err := s.conn.RecvBatch(msgs, time.Now().Add(50*time.Millisecond))
+				now := time.Now()
+				st.mu.Lock()
+				if n > 0 {
+					if !st.last[i].IsZero() && now.Sub(st.last[i]) > st.longest {
+						st.longest = now.Sub(st.last[i])
+					}
+					st.last[i] = now
+				}
+				for _, m := range msgs[:n] {
+					st.got[i][binary.LittleEndian.Uint64(m.Buf[:8])] = true
+				}
+				st.mu.Unlock()
+				st.received.Add(uint64(n))
+				if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Errorf("socket %d: receive: %v", i, err)
+					return
+				}
+				select {
+				case <-stop:
+					if n == 0 {
+						return
+					}
+				default:
+				}
+			}
+		}()
+	}
+	// ~8,000 datagrams/s over the four sockets until told to stop.
+	sendDone := make(chan struct{})
+	sendStop := make(chan struct{})
+	go func() {
+		defer close(sendDone)
+		b := make([]byte, 16)
+		for seq := uint64(0); ; seq++ {
+			select {
+			case <-sendStop:
+				return
+			default:
+			}
+			binary.LittleEndian.PutUint64(b, seq/nsock)
+			if _, err := peer.WriteToUDPAddrPort(b, locals[seq%nsock]); err != nil {
+				t.Errorf("peer send: %v", err)
+				return
+			}
+			st.sent.Add(1)
+			if seq%nsock == 0 {
+				st.mu.Lock()
+				st.when = append(st.when, time.Now())
+				st.mu.Unlock()
+			}
+			if seq%40 == 39 {
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	}()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for end := time.Now().Add(20 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Errorf("timed out waiting for %s", what)
+				return
+			}
+		}
+	}
+	waitFor("traffic before the takeover", func() bool { return st.received.Load() >= 1000 })
+	oldRX := l.d.Rings()[0].Stats().RXPackets.Load()
+	// Loss is checked from here on.
+	first := st.sent.Load() / nsock
+
+	start := time.Now()
+	d2, err := takeOver(t, l, TakeoverOptions{})
+	if err != nil {
+		t.Fatalf("takeover: %v", err)
+	}
+	t.Logf("takeover took %v; sent %d", time.Since(start), st.sent.Load())
+	select {
+	case err := <-l.served:
+		l.served <- err
+		if err != nil {
+			t.Fatalf("old daemon's Serve: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the old daemon's Serve did not return after handing over")
+	}
+	atTakeover := st.received.Load()
+	waitFor("traffic after the takeover", func() bool { return st.received.Load() >= atTakeover+1000 })
+	close(sendStop)
+	<-sendDone
+	waitFor("every datagram", func() bool {
+		if st.received.Load() >= st.sent.Load() {
+			return true
+		}
+		if time.Since(start) > 15*time.Second && false {
+			r2 := d2.Rings()[0].Stats()
+			t.Logf("sent %d received %d; new ring rx %d backlog %d queue_full %d no_endpoint %d", st.sent.Load(), st.received.Load(),
+				r2.RXPackets.Load(), r2.RXKernelBacklog.Load(), r2.RXQueueFull.Load(), r2.RXNoEndpoint.Load())
+		}
+		return false
+	})
+	close(stop)
+	wg.Wait()
+	sent := st.sent.Load()
+	for i := range socks {
+		want := sent / nsock
+		if uint64(i) < sent%nsock {
+			want++
+		}
+		got := uint64(0)
+		for q := range st.got[i] {
+			if q >= first {
+				got++
+			}
+		}
+		if got != want-first {
+			var missing []uint64
+			for q := first; q < want && len(missing) < 50; q++ {
+				if !st.got[i][q] {
+					missing = append(missing, q)
+				}
+			}
+			t.Errorf("socket %d: %d distinct datagrams of %d since the takeover began; missing %v (sent %s .. %s)", i, got, want-first, missing,
+				st.when[missing[0]].Format("15:04:05.000"), st.when[missing[len(missing)-1]].Format("15:04:05.000"))
+		}
+	}
+	r2 := d2.Rings()[0].Stats()
+	t.Logf("sent %d, received %d; longest gap %v; new ring rx_packets %d (old had %d before), from the kernel backlog %d",
+		sent, st.received.Load(), st.longest, r2.RXPackets.Load(), oldRX, r2.RXKernelBacklog.Load())
+	if r2.RXPackets.Load() < sent {
+		t.Errorf("new ring counts %d received, %d were sent: counters did not carry over", r2.RXPackets.Load(), sent)
+	}
+
+	// The same connection goes on: options, pacing, sends, a new socket.
+	r, err := c.ok(ctlproto.CodeGetSockOpt, socks[1].id, ctlproto.GetSockOpt{Level: unix.IPPROTO_IP, Name: unix.IP_TTL})
+	if err != nil || binary.LittleEndian.Uint32(r.m.(*ctlproto.SockOptValue).Value) != 7 {
+		t.Errorf("IP_TTL after the takeover: %v %v", r.m, err)
+	}
+	r, err = c.ok(ctlproto.CodeGetSockOpt, socks[2].id, ctlproto.GetSockOpt{Level: unix.SOL_SOCKET, Name: unix.SO_MAX_PACING_RATE})
+	if err != nil || binary.LittleEndian.Uint32(r.m.(*ctlproto.SockOptValue).Value) != 10_000 {
+		t.Errorf("pacing rate after the takeover: %v %v", r.m, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for i, s := range socks {
+		if n, err := s.conn.SendBatch([][]byte{[]byte("after")}, peerAddr, deadline); n != 1 || err != nil {
+			t.Fatalf("socket %d: send after the takeover: %d %v", i, n, err)
+		}
+	}
+	_ = peer.SetReadDeadline(deadline)
+	buf := make([]byte, 64)
+	from := map[netip.AddrPort]bool{}
+	for range socks {
+		n, src, err := peer.ReadFromUDPAddrPort(buf)
+		if err != nil || string(buf[:n]) != "after" {
+			t.Fatalf("peer receive after the takeover: %q %v", buf[:n], err)
+		}
+		from[netip.AddrPortFrom(src.Addr().Unmap(), src.Port())] = true
+	}
+	for _, local := range locals {
+		if !from[local] {
+			t.Errorf("nothing from %v after the takeover", local)
+		}
+	}
+	s := openSocket(t, c, unix.AF_INET)
+	if _, err := c.bind(s, netip.AddrPortFrom(l.p.A.Addr4(), 0), false); err != nil {
+		t.Errorf("bind a new socket after the takeover: %v", err)
+	}
+	c2 := helloClient(t, l)
+	if _, err := c2.open(unix.AF_INET, 0); err != nil {
+		t.Errorf("a new client after the takeover: %v", err)
+	}
+	fl, err := d2.Rings()[0].Flows()
+	if err != nil || len(fl) != nsock+1 {
+		t.Errorf("new daemon's flows: %v %v, want %d", fl, err, nsock+1)
+	}
+}
+
+// TestTakeoverRefused: a new daemon that reads no state version the old
+// one writes is refused before anything moves; the old daemon serves on
+// with its client's socket intact.
+func TestTakeoverRefused(t *testing.T) {
+	t.Parallel()
+	l := newLab(t, Config{})
+	c := helloClient(t, l)
+	s := openSocket(t, c, unix.AF_INET)
+	local, err := c.bind(s, netip.AddrPortFrom(l.p.A.Addr4(), 0), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = takeOver(t, l, TakeoverOptions{MinState: takeover.Version + 1, MaxState: takeover.Version + 1})
+	if err == nil || !errors.Is(err, unix.EPROTONOSUPPORT) || !strings.Contains(err.Error(), "no state version in common") {
+		t.Fatalf("takeover with an unknown state version: %v", err)
+	}
+	// The old daemon still serves: the socket receives, a new client
+	// is accepted.
+	peer := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	if _, err := peer.WriteToUDPAddrPort([]byte("still here"), local); err != nil {
+		t.Fatal(err)
+	}
+	msgs := []sockq.Message{{Buf: make([]byte, 64)}}
+	if n, err := s.conn.RecvBatch(msgs, time.Now().Add(10*time.Second)); n != 1 || err != nil || string(msgs[0].Buf[:msgs[0].N]) != "still here" {
+		t.Fatalf("receive after a refused takeover: %d %v", n, err)
+	}
+	helloClient(t, l)
+	if l.d.Sessions() != 2 {
+		t.Errorf("%d sessions, want 2", l.d.Sessions())
+	}
+}
