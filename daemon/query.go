@@ -70,6 +70,8 @@ func (d *Daemon) queryRings(*session) (any, error) {
 			FrameSize: caps.FrameSize, RXFrames: caps.RXFrames, TXFrames: caps.TXFrames,
 			Sockets: r.Endpoints(), State: "running",
 			RXPackets: r.Stats().RXPackets.Load(), TXPackets: r.Stats().TXPackets.Load(),
+			CPUs: append([]int{}, ri.cfg.CPUs...), HandedOff: r.Stats().RXHandedOff.Load(),
+			HandoffIn: r.Stats().RXHandoffIn.Load(), HandoffDropped: r.Stats().RXHandoffDropped.Load(),
 		}
 		if p := r.Program(); p != nil {
 			rd.XDPMode = p.Mode().String()

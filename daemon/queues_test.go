@@ -180,6 +180,20 @@ func everyQueue(t *testing.T, queues int) {
 	if d := queueDrops(t, l.p.A) - dropsBefore; d != 0 {
 		t.Errorf("ethtool -S: %d frames dropped on A's queues", d)
 	}
+	rdoc, err := l.d.queryRings(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rHanded, rIn uint64
+	for _, rd := range rdoc.(ctldoc.RingsDoc).Rings {
+		rHanded, rIn = rHanded+rd.HandedOff, rIn+rd.HandoffIn
+		if len(rd.CPUs) != 1 || rd.Sockets != sockets/queues {
+			t.Errorf("rings topic, ring %d: CPUs %v, %d sockets; want one CPU (spread) and %d sockets", rd.Index, rd.CPUs, rd.Sockets, sockets/queues)
+		}
+	}
+	if rHanded != handed || rIn != in {
+		t.Errorf("rings topic: handoffs %d out, %d in; the rings counted %d, %d", rHanded, rIn, handed, in)
+	}
 	doc, err := l.d.queryDevices(nil)
 	if err != nil {
 		t.Fatal(err)

@@ -51,6 +51,15 @@ type RingDoc struct {
 	State     string `json:"state"`
 	RXPackets uint64 `json:"rx_packets"`
 	TXPackets uint64 `json:"tx_packets"`
+	// CPUs are the CPUs the ring's engine thread is pinned to (empty: not
+	// pinned).
+	CPUs []int `json:"cpus"`
+	// HandedOff counts frames the ring passed to the home rings of their
+	// flows, HandoffIn frames other rings passed to it, HandoffDropped
+	// frames it could not pass (the home ring's inbox full).
+	HandedOff      uint64 `json:"handed_off"`
+	HandoffIn      uint64 `json:"handoff_in"`
+	HandoffDropped uint64 `json:"handoff_dropped"`
 }
 
 // SessionsDoc answers TopicSessions: the client sessions the caller may
