@@ -9,7 +9,7 @@ BIN      := bin
 APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev prometheus gcc libc6-dev make python3
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all deps build build-verbs test bench demo generate check-generated lint fmt clean
+.PHONY: all deps build build-verbs test bench soak demo generate check-generated lint fmt clean
 
 all: build
 
@@ -42,6 +42,16 @@ test: deps lint check-generated
 
 bench: deps build
 	scripts/bench.sh
+
+# soak: the chaos soak (bench/soak): upgrades in place, daemon crashes,
+# client kills and link flaps under traffic for SOAK_MINUTES, then a
+# report. Not part of `make test`.
+SOAK_MINUTES ?= 10
+soak: deps
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/bypassd
+	BYPASSD_SOAK_BIN=$(abspath $(BIN))/bypassd BYPASSD_SOAK_MINUTES=$(SOAK_MINUTES) \
+	  $(GO) test -tags soak -count=1 -timeout 0 -v -run TestSoak ./bench/soak/
 
 demo: deps build
 	scripts/demo.sh

@@ -1,0 +1,397 @@
+//go:build soak
+
+package soak
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/bypassd/bypassd/internal/netlab"
+	"github.com/bypassd/bypassd/socket"
+)
+
+const (
+	envBin     = "BYPASSD_SOAK_BIN"
+	envMinutes = "BYPASSD_SOAK_MINUTES"
+	envVictim  = "BYPASSD_SOAK_VICTIM" // socket path: run as the victim client
+	envAddr    = "BYPASSD_SOAK_ADDR"
+	nsock      = 8  // the streaming client's sockets
+	nvictim    = 50 // the victim client's sockets
+)
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(envVictim); path != "" {
+		os.Exit(victim(path))
+	}
+	os.Exit(m.Run())
+}
+
+// victim binds nvictim sockets, says so, and holds them until killed.
+func victim(path string) int {
+	c, err := socket.Dial(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	addr := netip.MustParseAddr(os.Getenv(envAddr))
+	for range nvictim {
+		if _, err := c.ListenUDP("udp4", netip.AddrPortFrom(addr, 0)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	fmt.Println("bound")
+	select {}
+}
+
+// daemon is one bypassd process.
+type daemon struct {
+	cmd  *exec.Cmd
+	exit chan struct{}
+}
+
+type lab struct {
+	t    *testing.T
+	p    *netlab.Pair
+	bin  string
+	args []string
+	sock string
+	logf *os.File
+	d    *daemon
+}
+
+func (l *lab) start(extra ...string) *daemon {
+	l.t.Helper()
+	cmd := l.p.A.NS.Command(context.Background(), l.bin, append(append([]string{}, l.args...), extra...)...)
+	cmd.Stdout, cmd.Stderr = l.logf, l.logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		l.t.Fatal(err)
+	}
+	d := &daemon{cmd: cmd, exit: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(d.exit) }()
+	return d
+}
+
+// ready waits until a client can say HELLO.
+func (l *lab) ready() {
+	l.t.Helper()
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if c, err := socket.Dial(l.sock); err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(end) {
+			l.t.Fatal("bypassd did not become ready (see its log)")
+		}
+	}
+}
+
+// stream is the client's traffic: a kernel peer sends to its sockets,
+// which count what arrives.
+type stream struct {
+	mu       sync.Mutex
+	c        *socket.Client
+	socks    []*socket.UDPConn
+	locals   []netip.AddrPort
+	sent     atomic.Uint64
+	received atomic.Uint64
+	paused   atomic.Bool
+}
+
+func (s *stream) open(t *testing.T, l *lab) {
+	c, err := socket.Dial(l.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var socks []*socket.UDPConn
+	var locals []netip.AddrPort
+	for range nsock {
+		u, err := c.ListenUDP("udp4", netip.AddrPortFrom(l.p.A.Addr4(), 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		socks = append(socks, u)
+		locals = append(locals, u.LocalAddr().(*net.UDPAddr).AddrPort())
+		go func() {
+			b := make([]byte, 2048)
+			for {
+				if _, _, err := u.ReadFromUDPAddrPort(b); err != nil {
+					return
+				}
+				s.received.Add(1)
+			}
+		}()
+	}
+	s.mu.Lock()
+	s.c, s.socks, s.locals = c, socks, locals
+	s.mu.Unlock()
+}
+
+func (s *stream) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, u := range s.socks {
+		_ = u.Close()
+	}
+	if s.c != nil {
+		_ = s.c.Close()
+	}
+	s.socks, s.locals, s.c = nil, nil, nil
+}
+
+// send runs the peer: ~4,000 datagrams/s of mixed sizes (some
+// fragmented) round robin over the sockets, until stop.
+func (s *stream) send(peer *net.UDPConn, stop <-chan struct{}) {
+	b := make([]byte, 3000)
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		if s.paused.Load() {
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		s.mu.Lock()
+		locals := s.locals
+		s.mu.Unlock()
+		if len(locals) == 0 {
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		size := 64
+		if i%50 == 0 {
+			size = 3000 // two IP fragments
+		}
+		if _, err := peer.WriteToUDPAddrPort(b[:size], locals[i%len(locals)]); err == nil {
+			s.sent.Add(1)
+		}
+		if i%20 == 19 {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
+// settle waits until what was sent arrived (or timeout) and returns the
+// shortfall.
+func (s *stream) settle(timeout time.Duration) uint64 {
+	end := time.Now().Add(timeout)
+	for s.received.Load() < s.sent.Load() && time.Now().Before(end) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if r, n := s.received.Load(), s.sent.Load(); r < n {
+		return n - r
+	}
+	return 0
+}
+
+func procFDs(pid int) int {
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	return len(ents)
+}
+
+func procRSS(pid int) int {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+			return n
+		}
+	}
+	return 0
+}
+
+func (l *lab) sh(name string, args ...string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, _ := l.p.A.NS.Command(ctx, name, args...).CombinedOutput()
+	return string(out)
+}
+
+func TestSoak(t *testing.T) {
+	netlab.RequirePriv(t)
+	bin := os.Getenv(envBin)
+	if bin == "" {
+		t.Skip(envBin + " not set: run `make soak`")
+	}
+	minutes := 10.0
+	if v := os.Getenv(envMinutes); v != "" {
+		var err error
+		if minutes, err = strconv.ParseFloat(v, 64); err != nil {
+			t.Fatalf("%s=%q: %v", envMinutes, v, err)
+		}
+	}
+	p := netlab.NewPair(t, netlab.Options{})
+	dir := t.TempDir()
+	logf, err := os.Create(filepath.Join(dir, "bypassd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &lab{t: t, p: p, bin: bin, sock: filepath.Join(dir, "ctl.sock"), logf: logf,
+		args: []string{"-i", p.A.Name, "--socket", filepath.Join(dir, "ctl.sock"), "--run-dir", dir,
+			"--stats-dir", filepath.Join(dir, "stats"), "--frames", "1024", "--queue-bytes", "1M", "--log-level", "warn"}}
+	l.d = l.start()
+	t.Cleanup(func() {
+		_ = l.d.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-l.d.exit:
+		case <-time.After(20 * time.Second):
+			_ = l.d.cmd.Process.Kill()
+		}
+	})
+	l.ready()
+	s := &stream{}
+	s.open(t, l)
+	defer s.close()
+	peer := p.B.NS.ListenUDP(t, netip.AddrPortFrom(p.B.Addr4(), 0))
+	stop := make(chan struct{})
+	var sendWG sync.WaitGroup
+	sendWG.Add(1)
+	go func() { defer sendWG.Done(); s.send(peer, stop) }()
+	defer func() { close(stop); sendWG.Wait() }()
+
+	filters := func() int { return strings.Count(l.sh("tc", "filter", "show", "dev", p.A.Name, "ingress"), "mirred") }
+	links := func() int { return strings.Count(l.sh("ip", "-o", "link", "show"), "\n") }
+	baseLinks := links()
+	type sample struct{ fds, rss int }
+	var first, last sample
+	counts := map[string]int{}
+	var lostCrash, lostFlap, lostElsewhere uint64
+	var fdMax int
+	self, _ := os.Executable()
+	end := time.Now().Add(time.Duration(minutes * float64(time.Minute)))
+	start := time.Now()
+	var longestTakeover time.Duration
+	for time.Now().Before(end) {
+		time.Sleep(time.Duration(1+rand.IntN(3)) * time.Second)
+		action := []string{"takeover", "takeover", "client-kill", "crash-restart", "link-flap"}[rand.IntN(5)]
+		counts[action]++
+		switch action {
+		case "takeover":
+			t0 := time.Now()
+			old := l.d
+			l.d = l.start("--takeover")
+			select {
+			case <-old.exit:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the old daemon did not exit after a takeover (see the log)")
+			}
+			if d := time.Since(t0); d > longestTakeover {
+				longestTakeover = d
+			}
+			if n := s.settle(5 * time.Second); n > 0 {
+				lostElsewhere += n
+				t.Errorf("takeover %d: %d datagrams lost", counts[action], n)
+				s.received.Add(n) // account once
+			}
+		case "client-kill":
+			cmd := exec.Command(self, "-test.run=^$")
+			cmd.Env = append(os.Environ(), envVictim+"="+l.sock, envAddr+"="+p.A.Addr4().String())
+			out, _ := cmd.StdoutPipe()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			line, _ := bufio.NewReader(out).ReadString('\n')
+			if strings.TrimSpace(line) != "bound" {
+				t.Fatalf("victim client: %q", line)
+			}
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			want := nsock
+			for t0 := time.Now(); filters() != want && time.Since(t0) < 3*time.Second; {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if got := filters(); got != want {
+				t.Errorf("after kill -9 of a client with %d sockets: %d tc filters, want %d", nvictim, got, want)
+			}
+			if n := s.settle(5 * time.Second); n > 0 {
+				lostElsewhere += n
+				t.Errorf("client kill: %d datagrams of the other client lost", n)
+				s.received.Add(n)
+			}
+		case "crash-restart":
+			_ = l.d.cmd.Process.Signal(syscall.SIGKILL)
+			<-l.d.exit
+			s.paused.Store(true)
+			n := s.settle(500 * time.Millisecond)
+			lostCrash += n
+			s.received.Add(n)
+			s.close()
+			l.d = l.start()
+			l.ready()
+			s.open(t, l) // what BYPASSD_RECONNECT will do for applications
+			s.paused.Store(false)
+		case "link-flap":
+			s.paused.Store(true)
+			if n := s.settle(5 * time.Second); n > 0 {
+				lostElsewhere += n
+				s.received.Add(n)
+			}
+			l.sh("ip", "link", "set", "dev", p.A.Name, "down")
+			time.Sleep(200 * time.Millisecond)
+			l.sh("ip", "link", "set", "dev", p.A.Name, "up")
+			s.paused.Store(false)
+			time.Sleep(500 * time.Millisecond)
+			n := s.settle(5 * time.Second)
+			lostFlap += n
+			s.received.Add(n)
+		}
+		pid := l.d.cmd.Process.Pid
+		cur := sample{procFDs(pid), procRSS(pid)}
+		if first.fds == 0 && action != "crash-restart" {
+			first = cur
+		}
+		last = cur
+		fdMax = max(fdMax, cur.fds)
+		if got := links(); got != baseLinks {
+			t.Errorf("after %s: %d links in the namespace, %d at start (TAP device leaked or missing)", action, got, baseLinks)
+		}
+		if t.Failed() {
+			break
+		}
+	}
+	elapsed := time.Since(start)
+	t.Logf(`soak report (%v)
+  actions:            %v
+  datagrams sent:     %d (%.0f/s)
+  received:           %d
+  lost in crash windows (counted): %d
+  lost in link flaps (counted):    %d
+  lost and uncounted:              %d
+  longest takeover (start of the new process to the old one's exit): %v
+  daemon fds:         first %d, last %d, max %d
+  daemon RSS:         first %d kB, last %d kB
+  tc filters now:     %d (bound sockets %d)`,
+		elapsed.Round(time.Second), counts, s.sent.Load(), float64(s.sent.Load())/elapsed.Seconds(), s.received.Load(),
+		lostCrash, lostFlap, lostElsewhere, longestTakeover, first.fds, last.fds, fdMax, first.rss, last.rss, filters(), nsock)
+	if lostElsewhere > 0 {
+		t.Errorf("%d datagrams lost outside crash and flap windows", lostElsewhere)
+	}
+	if last.fds > first.fds+8 {
+		t.Errorf("daemon descriptors grew from %d to %d", first.fds, last.fds)
+	}
+	if first.rss > 0 && last.rss > first.rss*3/2+20000 {
+		t.Errorf("daemon RSS grew from %d kB to %d kB", first.rss, last.rss)
+	}
+}
