@@ -306,7 +306,6 @@ struct bpd_session;
 /* bpd_session_get returns the process's live session, connecting (HELLO) if
  * there is none or the last one died. NULL with errno and a logged reason. */
 BPD_HIDDEN struct bpd_session *bpd_session_get(void);
-BPD_HIDDEN void bpd_session_put(struct bpd_session *s);
 /* bpd_call sends msg (len bytes; its request id is assigned here) and waits
  * for the reply (5 s). Returns 0 with *r filled (the reply's status may be
  * non-zero), or an errno for a transport failure. */

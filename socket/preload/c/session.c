@@ -505,7 +505,6 @@ struct bpd_session *bpd_session_get(void)
 	return s;
 }
 
-void bpd_session_put(struct bpd_session *s) { (void)s; }
 
 int bpd_session_dead(struct bpd_session *s)
 {
