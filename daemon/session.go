@@ -242,6 +242,10 @@ func (s *session) handle(h ctlproto.Header, msg ctlproto.Message) bool {
 	if k == nil {
 		return s.fail(h, fmt.Errorf("socket %d is not one of this client's sockets: %w", h.Socket, unix.EBADF))
 	}
+	if m, ok := msg.(*ctlproto.AcceptReq); ok {
+		// Replies with descriptors itself, like OPEN.
+		return s.onAccept(h, k, m)
+	}
 	var body ctlproto.Message = ctlproto.Empty{}
 	var err error
 	// Requests change what the stats publisher reads: hold pub while
@@ -250,11 +254,27 @@ func (s *session) handle(h ctlproto.Header, msg ctlproto.Message) bool {
 	switch m := msg.(type) {
 	case *ctlproto.Bind:
 		var ap ctlproto.BindReply
-		if ap.Addr, err = s.bind(k, m.Addr, m.ReuseAddr); err == nil {
+		if k.stream != nil {
+			ap.Addr, err = s.streamBind(k, m.Addr)
+		} else {
+			ap.Addr, err = s.bind(k, m.Addr, m.ReuseAddr)
+		}
+		if err == nil {
 			body = ap
 		}
 	case *ctlproto.Connect:
-		err = s.connect(k, m.Addr)
+		if k.stream != nil {
+			err = s.streamConnect(k, m.Addr)
+		} else {
+			err = s.connect(k, m.Addr)
+		}
+	case *ctlproto.ListenReq:
+		var ap ctlproto.BindReply
+		if k.stream == nil {
+			err = fmt.Errorf("listen: socket %d is not a stream socket: %w", k.id, unix.EOPNOTSUPP)
+		} else if ap.Addr, err = s.streamListen(k, m.Backlog); err == nil {
+			body = ap
+		}
 	case *ctlproto.SetSockOpt:
 		err = k.setOption(m.Level, m.Name, m.Value)
 	case *ctlproto.GetSockOpt:
@@ -348,6 +368,9 @@ func (s *session) release() {
 		go func() {
 			defer wg.Done()
 			for k := range work {
+				if k.stream != nil {
+					k.stream.abort = true // a client gone without CLOSE resets its peers
+				}
 				k.close()
 			}
 		}()

@@ -59,6 +59,9 @@ type socket struct {
 
 	// timestamping is the SO_TIMESTAMPING flags (see timestamping.go).
 	timestamping uint32
+
+	// stream is set for SOCK_STREAM (TCP) sockets (stream.go).
+	stream *streamState
 }
 
 // pendingGroup is a multicast membership requested before the bind.
@@ -118,6 +121,9 @@ func (k *socket) carve() {
 // close releases everything the socket holds. The endpoint goes first:
 // once its Close returns the engine no longer touches the memory.
 func (k *socket) close() {
+	if k.stream != nil {
+		k.streamClose()
+	}
 	if !k.unhomed {
 		k.unhomed = true
 		k.home.homed.Add(-1)
@@ -162,61 +168,91 @@ func dupWaiter(w *shmq.Waiter) (*shmq.Waiter, error) {
 
 // onOpen creates a socket and sends its memfd and eventfds.
 func (s *session) onOpen(h ctlproto.Header, m *ctlproto.Open) bool {
-	cfg := &s.d.cfg
-	if len(s.sockets) >= cfg.MaxSockets {
-		s.limitLog("socket limit reached: further OPENs fail with EMFILE (raise --max-sockets)", zap.Int("max_sockets", cfg.MaxSockets))
-		return s.fail(h, fmt.Errorf("client has %d sockets, the per-client limit: %w", len(s.sockets), unix.EMFILE))
-	}
 	if m.Family != unix.AF_INET && m.Family != unix.AF_INET6 {
 		return s.fail(h, fmt.Errorf("family %d: %w", m.Family, unix.EAFNOSUPPORT))
 	}
-	if m.Type != unix.SOCK_DGRAM {
-		return s.fail(h, fmt.Errorf("socket type %d: only SOCK_DGRAM (UDP) is offloaded: %w", m.Type, unix.EPROTONOSUPPORT))
+	if m.Type != unix.SOCK_DGRAM && m.Type != unix.SOCK_STREAM {
+		return s.fail(h, fmt.Errorf("socket type %d: only SOCK_DGRAM (UDP) and SOCK_STREAM (TCP) are offloaded: %w", m.Type, unix.EPROTONOSUPPORT))
 	}
-	qb := int(m.QueueBytes)
+	k, err := s.newSocketFor(h, m.Family, m.Type, m.QueueBytes)
+	if err != nil {
+		return s.fail(h, err)
+	}
+	rh := ctlproto.ReplyHeader(h)
+	rh.Socket = k.id
+	return s.sendNew(rh, k.openReply(), k)
+}
+
+// newSocketFor checks the session's limits and creates a socket (OPEN,
+// ACCEPT).
+func (s *session) newSocketFor(h ctlproto.Header, family, typ uint16, queueBytes uint32) (*socket, error) {
+	cfg := &s.d.cfg
+	if len(s.sockets) >= cfg.MaxSockets {
+		s.limitLog("socket limit reached: further OPENs fail with EMFILE (raise --max-sockets)", zap.Int("max_sockets", cfg.MaxSockets))
+		return nil, fmt.Errorf("client has %d sockets, the per-client limit: %w", len(s.sockets), unix.EMFILE)
+	}
+	qb := int(queueBytes)
 	if qb == 0 {
 		qb = cfg.QueueBytes
 	}
 	if err := checkQueueBytes(qb); err != nil {
-		return s.fail(h, fmt.Errorf("%w: %w", err, unix.EINVAL))
+		return nil, fmt.Errorf("%w: %w", err, unix.EINVAL)
 	}
 	size := int64(socketMemory(qb))
 	if s.queueMem+size > cfg.MaxQueueMemory {
 		s.limitLog("queue memory limit reached: further OPENs fail with ENOMEM (raise --max-queue-memory or open smaller queues)",
 			zap.Int64("max_queue_memory", cfg.MaxQueueMemory), zap.Int64("in_use", s.queueMem))
-		return s.fail(h, fmt.Errorf("client uses %d bytes of queue memory; %d more exceed the per-client limit of %d: %w",
-			s.queueMem, size, cfg.MaxQueueMemory, unix.ENOMEM))
+		return nil, fmt.Errorf("client uses %d bytes of queue memory; %d more exceed the per-client limit of %d: %w",
+			s.queueMem, size, cfg.MaxQueueMemory, unix.ENOMEM)
 	}
-	home := s.d.homeRing(m.Family)
+	home := s.d.homeRing(family)
 	if err := home.downErr(); err != nil {
-		return s.fail(h, err)
+		return nil, err
 	}
-	id := s.newSocketID()
-	k, err := newSocket(id, m.Family, qb, home)
+	k, err := newSocket(s.newSocketID(), family, qb, home)
 	if err != nil {
-		return s.fail(h, err)
+		return nil, err
 	}
-	rh := ctlproto.ReplyHeader(h)
-	rh.Socket = id
+	if typ == unix.SOCK_STREAM {
+		if err := k.streamOpen(); err != nil {
+			k.close()
+			return nil, err
+		}
+	}
+	return k, nil
+}
+
+// openReply describes k's memory as OPEN and ACCEPT replies do.
+func (k *socket) openReply() ctlproto.OpenReply {
+	return ctlproto.OpenReply{QueueBytes: uint32(k.queueBytes), MemfdSize: uint64(socketMemory(k.queueBytes)),
+		TXOffset: 0, RXOffset: uint64(rxOffset(k.queueBytes))}
+}
+
+// sendNew sends a new socket's reply with its memfd and eventfds (a
+// stream socket's own doorbell, or the home ring's) and adds it to the
+// session.
+func (s *session) sendNew(rh ctlproto.Header, body ctlproto.Message, k *socket) bool {
 	fds := [ctlproto.FDsOpen]int{}
 	fds[ctlproto.FDMemfd] = k.memfd
 	fds[ctlproto.FDRXWait] = k.rxWait.FD()
 	fds[ctlproto.FDTXWait] = k.txWait.FD()
 	fds[ctlproto.FDDoorbell] = k.home.ring().Doorbell().FD()
-	ok := s.reply(rh, ctlproto.OpenReply{QueueBytes: uint32(qb), MemfdSize: uint64(len(k.mem)),
-		TXOffset: 0, RXOffset: uint64(rxOffset(qb))}, fds[:]...)
+	if k.stream != nil {
+		fds[ctlproto.FDDoorbell] = k.stream.bell.FD()
+	}
+	ok := s.reply(rh, body, fds[:]...)
 	if !ok {
 		k.close()
 		return false
 	}
 	s.pub.Lock()
-	s.sockets[id] = k
-	s.queueMem += size
+	s.sockets[k.id] = k
+	s.queueMem += int64(socketMemory(k.queueBytes))
 	s.opened++
 	s.pub.Unlock()
 	s.d.ctl.socketsTotal.Add(1)
-	s.log.Debug("socket opened", zap.Uint32("socket", id), zap.Uint16("family", m.Family), zap.Int("queue_bytes", qb),
-		zap.String("ring", k.home.it.String()))
+	s.log.Debug("socket opened", zap.Uint32("socket", k.id), zap.Uint16("family", k.family), zap.Int("queue_bytes", k.queueBytes),
+		zap.String("ring", k.home.it.String()), zap.Bool("stream", k.stream != nil))
 	return true
 }
 

@@ -45,7 +45,7 @@ type Client struct {
 	closed  bool  // Close was called
 	nextID  uint32
 	pending map[uint32]chan reply
-	socks   map[*UDPConn]struct{}
+	socks   map[clientSock]struct{}
 
 	readerDone chan struct{}
 }
@@ -163,7 +163,7 @@ func handshake(conn *ctlproto.Conn, path string, timeout time.Duration) (*Client
 		policy:     policy,
 		timeout:    timeout,
 		pending:    make(map[uint32]chan reply),
-		socks:      make(map[*UDPConn]struct{}),
+		socks:      make(map[clientSock]struct{}),
 		nextID:     helloID,
 		readerDone: make(chan struct{}),
 	}, nil
@@ -309,10 +309,10 @@ func (c *Client) DialUDPConfig(network string, laddr, raddr netip.AddrPort, cfg 
 func family(network string, laddr, raddr netip.AddrPort) (v6 bool, l, r netip.AddrPort, err error) {
 	la, ra := laddr.Addr().Unmap(), raddr.Addr().Unmap()
 	switch network {
-	case "udp4":
-	case "udp6":
+	case "udp4", "tcp4":
+	case "udp6", "tcp6":
 		v6 = true
-	case "udp":
+	case "udp", "tcp":
 		switch {
 		case la.IsValid():
 			v6 = la.Is6()
@@ -320,7 +320,7 @@ func family(network string, laddr, raddr netip.AddrPort) (v6 bool, l, r netip.Ad
 			v6 = ra.Is6()
 		}
 	default:
-		return false, l, r, fmt.Errorf("network %q: use \"udp\", \"udp4\" or \"udp6\": %w", network, net.UnknownNetworkError(network))
+		return false, l, r, fmt.Errorf("network %q: use \"udp\", \"udp4\", \"udp6\", \"tcp\", \"tcp4\" or \"tcp6\": %w", network, net.UnknownNetworkError(network))
 	}
 	fam := "IPv4"
 	if v6 {
@@ -384,7 +384,27 @@ func (c *Client) open(network string, laddr, raddr netip.AddrPort, cfg ListenCon
 
 // attach maps the memfd and wraps the eventfds of an OPEN reply; it owns
 // fds and closes every one it does not keep.
-func (c *Client) attach(network string, v6 bool, id uint32, body ctlproto.Message, fds []int) (u *UDPConn, err error) {
+func (c *Client) attach(network string, v6 bool, id uint32, body ctlproto.Message, fds []int) (*UDPConn, error) {
+	or, ok := body.(*ctlproto.OpenReply)
+	if !ok || len(fds) != ctlproto.FDsOpen {
+		closeFDs(fds)
+		return nil, fmt.Errorf("bypassd answered OPEN with %T and %d file descriptors (want an OpenReply and %d): %w", body, len(fds), ctlproto.FDsOpen, unix.EPROTO)
+	}
+	u := &UDPConn{c: c, id: id, network: network, v6: v6}
+	mem, err := c.mapSocket(or, fds, &u.qwait)
+	if err != nil {
+		return nil, err
+	}
+	u.mem = mem
+	u.maxQueued = u.tx.MaxPayload() - dgram.HeaderLen
+	u.q = sockq.New(u.tx, u.rx, u.rxWait, u.txWait, u.doorbell, c.policy)
+	return u, nil
+}
+
+// mapSocket maps the memfd of an OPEN (or ACCEPT) reply, attaches the
+// queues and wraps the eventfds into q; it owns fds and closes every one
+// it does not keep.
+func (c *Client) mapSocket(or *ctlproto.OpenReply, fds []int, q *qwait) (_ []byte, err error) {
 	defer func() {
 		for _, fd := range fds {
 			if fd >= 0 {
@@ -392,9 +412,8 @@ func (c *Client) attach(network string, v6 bool, id uint32, body ctlproto.Messag
 			}
 		}
 	}()
-	or, ok := body.(*ctlproto.OpenReply)
-	if !ok || len(fds) != ctlproto.FDsOpen {
-		return nil, fmt.Errorf("bypassd answered OPEN with %T and %d file descriptors (want an OpenReply and %d): %w", body, len(fds), ctlproto.FDsOpen, unix.EPROTO)
+	if len(fds) != ctlproto.FDsOpen {
+		return nil, fmt.Errorf("bypassd sent %d file descriptors with a new socket (want %d): %w", len(fds), ctlproto.FDsOpen, unix.EPROTO)
 	}
 	if or.MemfdSize > math.MaxInt32 {
 		return nil, fmt.Errorf("bypassd offered a %d-byte memfd, more than any socket needs: %w", or.MemfdSize, unix.EPROTO)
@@ -435,20 +454,28 @@ func (c *Client) attach(network string, v6 bool, id uint32, body ctlproto.Messag
 			return nil, fmt.Errorf("wrap the socket's eventfd: %w", err)
 		}
 	}
-	u = &UDPConn{
-		c: c, id: id, network: network, v6: v6,
-		mem: mem, tx: tx, rx: rx,
-		rxWait: w[0], txWait: w[1], doorbell: w[2],
-		policy:    c.policy,
-		maxQueued: tx.MaxPayload() - dgram.HeaderLen,
-	}
-	u.q = sockq.New(tx, rx, u.rxWait, u.txWait, u.doorbell, c.policy)
-	return u, nil
+	q.tx, q.rx = tx, rx
+	q.rxWait, q.txWait, q.doorbell = w[0], w[1], w[2]
+	q.policy = c.policy
+	return mem, nil
+}
+
+// clientSock is a socket of the Client (UDPConn, TCPConn, TCPListener):
+// what the Client does to all of them when the session ends.
+type clientSock interface {
+	sockID() uint32
+	// breakWith makes its pending and future calls fail with reason.
+	breakWith(reason error)
+	// closeLocal marks it closed and releases its process-local side
+	// (false: it was closed already).
+	closeLocal() bool
+	// goneErr is why the daemon dropped it, if it did.
+	goneErr() error
 }
 
 // register adds u to the sockets the Client breaks or closes; a Client
 // that died meanwhile gets u torn down instead.
-func (c *Client) register(u *UDPConn) error {
+func (c *Client) register(u clientSock) error {
 	c.mu.Lock()
 	err := c.err
 	if err == nil {
@@ -456,8 +483,7 @@ func (c *Client) register(u *UDPConn) error {
 	}
 	c.mu.Unlock()
 	if err != nil {
-		u.closed.Store(true)
-		u.teardown()
+		u.closeLocal()
 		return err
 	}
 	return nil
@@ -495,7 +521,7 @@ func (u *UDPConn) bindConnect(laddr, raddr netip.AddrPort, cfg ListenConfig) err
 
 // closeSocket forgets u and tells the daemon, unless the session is over
 // anyway (then the daemon has released everything already).
-func (c *Client) closeSocket(u *UDPConn) error {
+func (c *Client) closeSocket(u clientSock) error {
 	c.mu.Lock()
 	delete(c.socks, u)
 	dead := c.err != nil
@@ -503,10 +529,10 @@ func (c *Client) closeSocket(u *UDPConn) error {
 	if dead {
 		return nil // the session ended, which releases the socket too
 	}
-	_, _, fds, err := c.call(ctlproto.CodeClose, u.id, ctlproto.Empty{})
+	_, _, fds, err := c.call(ctlproto.CodeClose, u.sockID(), ctlproto.Empty{})
 	closeFDs(fds)
 	var sd *socketDeadError
-	if p := u.gone.Load(); p != nil && errors.As(*p, &sd) {
+	if g := u.goneErr(); g != nil && errors.As(g, &sd) {
 		// Dropped by the daemon (SOCKET_ERROR): the CLOSE frees what it
 		// still held; how it answers does not matter.
 		return nil
@@ -701,9 +727,9 @@ func (c *Client) deliver(h ctlproto.Header, r reply) {
 // released the socket already, the session goes on.
 func (c *Client) socketDead(id uint32, errno unix.Errno) {
 	c.mu.Lock()
-	var dead *UDPConn
+	var dead clientSock
 	for u := range c.socks {
-		if u.id == id {
+		if u.sockID() == id {
 			dead = u
 			break
 		}
@@ -724,7 +750,7 @@ func (c *Client) fail(reason error) {
 	reason = c.err
 	pending := c.pending
 	c.pending = make(map[uint32]chan reply)
-	socks := make([]*UDPConn, 0, len(c.socks))
+	socks := make([]clientSock, 0, len(c.socks))
 	for u := range c.socks {
 		socks = append(socks, u)
 	}
@@ -754,16 +780,14 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	c.fail(net.ErrClosed)
 	c.mu.Lock()
-	socks := make([]*UDPConn, 0, len(c.socks))
+	socks := make([]clientSock, 0, len(c.socks))
 	for u := range c.socks {
 		socks = append(socks, u)
 	}
 	clear(c.socks)
 	c.mu.Unlock()
 	for _, u := range socks {
-		if u.closed.CompareAndSwap(false, true) {
-			u.teardown()
-		}
+		u.closeLocal()
 	}
 	_ = c.conn.Close()
 	<-c.readerDone

@@ -444,6 +444,13 @@ func copyFile(src, dst string) error {
 // child returns a command re-running this test binary as a client process.
 func (l *lab) child(t *testing.T, role string, env ...string) *exec.Cmd {
 	t.Helper()
+	return childCommand(t, role, l.path, l.echo4, l.p.A.Addr4(), env...)
+}
+
+// childCommand re-runs this test binary as a client process of the daemon
+// at path in role, with peer and local in its environment.
+func childCommand(t *testing.T, role, path string, peer netip.AddrPort, local netip.Addr, env ...string) *exec.Cmd {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -453,9 +460,9 @@ func (l *lab) child(t *testing.T, role string, env ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		envChild+"="+role,
-		"BYPASSD_SOCKET="+l.path,
-		envPeer+"="+l.echo4.String(),
-		envLocal+"="+l.p.A.Addr4().String(),
+		"BYPASSD_SOCKET="+path,
+		envPeer+"="+peer.String(),
+		envLocal+"="+local.String(),
 	)
 	cmd.Env = append(cmd.Env, env...)
 	return cmd
@@ -481,6 +488,8 @@ func childMain(role string) error {
 		return childEcho(c, local, peer)
 	case "unpriv":
 		return childUnpriv(c, local, peer)
+	case "tcp-hold":
+		return childTCPHold(c, peer)
 	}
 	return fmt.Errorf("unknown role %q", role)
 }

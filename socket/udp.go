@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,31 +47,24 @@ type UDPConn struct {
 	network string // as the caller spelled it, for errors ("udp", "udp4", "udp6")
 	v6      bool   // family AF_INET6
 
-	// The queues' memory and the user side over them. The Client's
-	// policy decides how long waits spin before sleeping.
-	mem                      []byte
-	tx, rx                   *shmq.Queue
-	rxWait, txWait, doorbell *shmq.Waiter
-	q                        *sockq.Conn
-	policy                   shmq.Policy
-	maxQueued                int // largest payload the TX queue accepts
+	// The queues' memory and the user side over them (qwait: the queues,
+	// waiters, deadlines).
+	mem []byte
+	qwait
+	q         *sockq.Conn
+	maxQueued int // largest payload the TX queue accepts
 
 	// Set while the socket is opened, before any caller sees it, and never
 	// changed afterwards, so reads need no lock.
 	laddr, raddr netip.AddrPort
 
-	// Deadlines as UnixNano (0: none), read at every wait so that a change
-	// applies to pending calls too (net.Conn's contract); sleepers counts
-	// goroutines asleep on the waiter, which SetDeadline then wakes.
-	rdl, wdl       atomic.Int64
-	rsleep, wsleep atomic.Int32
-	nonblock       atomic.Bool
-	closed         atomic.Bool
-	gone           atomic.Pointer[error] // why the daemon is no longer reachable
-	life           sync.RWMutex          // data calls hold it shared; teardown exclusively before unmapping
-	rxMu, txMu     sync.Mutex            // one receiver / one sender at a time, as the queues are SPSC
-	rxScratch      []sockq.Message       // ReadBatch's conversion buffer (rxMu)
-	tsFlags        atomic.Uint32         // SO_TIMESTAMPING flags the daemon accepted
+	nonblock   atomic.Bool
+	closed     atomic.Bool
+	gone       atomic.Pointer[error] // why the daemon is no longer reachable
+	life       sync.RWMutex          // data calls hold it shared; teardown exclusively before unmapping
+	rxMu, txMu sync.Mutex            // one receiver / one sender at a time, as the queues are SPSC
+	rxScratch  []sockq.Message       // ReadBatch's conversion buffer (rxMu)
+	tsFlags    atomic.Uint32         // SO_TIMESTAMPING flags the daemon accepted
 }
 
 var (
@@ -449,7 +441,7 @@ func (u *UDPConn) sendLocked(msgs [][]byte, queued, peer netip.AddrPort) (int, e
 		if u.nonblock.Load() {
 			return sent, u.opErr("write", peer, unix.EAGAIN)
 		}
-		if err := u.wait(true, len(msgs[sent]), dl); err != nil && err != errDeadlineChanged {
+		if err := u.wait(true, dgram.HeaderLen+len(msgs[sent]), dl); err != nil && err != errDeadlineChanged {
 			return sent, u.opErr("write", peer, u.mapErr(err))
 		}
 	}
@@ -467,100 +459,6 @@ func (u *UDPConn) mapErr(err error) error {
 		return sockq.ErrTimeout
 	}
 	return err
-}
-
-// wait blocks until the RX queue has a record (write false) or the TX queue
-// has room for an n-byte payload (write true), spinning first as the policy
-// says. It returns sockq.ErrTimeout at the deadline dl, shmq.ErrClosed when
-// the waiter closes (Close, daemon gone) and errDeadlineChanged when the
-// deadline was changed, so the caller re-reads it. It exists beside
-// shmq.Policy because those waits cannot be interrupted by a new deadline.
-func (u *UDPConn) wait(write bool, n int, dl int64) error {
-	q, w, dlp, sleepers := u.rx, u.rxWait, &u.rdl, &u.rsleep
-	if write {
-		q, w, dlp, sleepers = u.tx, u.txWait, &u.wdl, &u.wsleep
-	}
-	n += dgram.HeaderLen
-	ready := func() bool {
-		if write {
-			return q.Writable(n)
-		}
-		return q.Readable()
-	}
-	if ready() {
-		return nil
-	}
-	if spin := u.policy.Spin; spin != 0 {
-		start := time.Now()
-		for i := 1; ; i++ {
-			if ready() {
-				return nil
-			}
-			if i%spinCheckEvery != 0 {
-				continue
-			}
-			if w.Closed() {
-				return shmq.ErrClosed
-			}
-			if dlp.Load() != dl {
-				return errDeadlineChanged
-			}
-			now := time.Now()
-			if dl != 0 && now.UnixNano() >= dl {
-				return sockq.ErrTimeout
-			}
-			if spin > 0 && now.Sub(start) >= spin {
-				break
-			}
-			runtime.Gosched() // the engine may share this CPU
-		}
-	}
-	arm := func() bool {
-		if write {
-			return q.ArmWriteWait(n)
-		}
-		return q.ArmReadWait()
-	}
-	disarm := func() {
-		if write {
-			q.DisarmWriteWait()
-		} else {
-			q.DisarmReadWait()
-		}
-	}
-	// Announce the sleeper before re-reading the deadline: SetDeadline stores
-	// the deadline before reading the count, so one of the two sees the other.
-	sleepers.Add(1)
-	defer sleepers.Add(-1)
-	var deadline time.Time
-	if dl != 0 {
-		deadline = time.Unix(0, dl)
-	}
-	for {
-		if arm() {
-			disarm()
-			return nil
-		}
-		if dlp.Load() != dl {
-			disarm()
-			return errDeadlineChanged
-		}
-		if err := w.Wait(deadline); err != nil {
-			disarm()
-			if errors.Is(err, shmq.ErrTimeout) {
-				return sockq.ErrTimeout
-			}
-			return err
-		}
-		if ready() {
-			disarm()
-			return nil
-		}
-		if dlp.Load() != dl {
-			disarm()
-			return errDeadlineChanged
-		}
-	}
 }
 
 // Close closes the socket: pending reads and writes return net.ErrClosed,
@@ -591,6 +489,23 @@ func (u *UDPConn) teardown() {
 		u.mem = nil
 	}
 	_ = u.doorbell.Close()
+}
+
+func (u *UDPConn) sockID() uint32 { return u.id }
+
+func (u *UDPConn) closeLocal() bool {
+	if !u.closed.CompareAndSwap(false, true) {
+		return false
+	}
+	u.teardown()
+	return true
+}
+
+func (u *UDPConn) goneErr() error {
+	if p := u.gone.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // breakWith marks the socket unusable: the daemon is gone, or dropped it.

@@ -53,6 +53,7 @@ const (
 	FamilyInet  = unix.AF_INET  // 2
 	FamilyInet6 = unix.AF_INET6 // 10
 	TypeDgram   = unix.SOCK_DGRAM
+	TypeStream  = unix.SOCK_STREAM // TCP: byte streams as internal/stream records
 )
 
 // BindReuseAddr is BIND's flag bit 0 (SO_REUSEADDR semantics).
@@ -100,11 +101,19 @@ const (
 	// everything (live upgrade, package daemon/takeover); after a
 	// successful reply the connection carries the takeover stream.
 	CodeTakeover Code = 13
+	// CodeListen makes a bound stream socket listen; CodeAccept takes one
+	// of its connections as a new socket (its reply carries FDsOpen file
+	// descriptors, like OPEN's).
 	CodeShutdown Code = 16
 	// CodeSocketError tells a client that one of its sockets is dead (its
 	// interface vanished); the daemon has released it already.
 	CodeSocketError Code = 17
-	ReplyBit        Code = 0x8000
+	// CodeListen makes a bound stream socket listen; CodeAccept takes one
+	// of its connections as a new socket (its reply carries FDsOpen file
+	// descriptors, like OPEN's). Stream socket codes start at 24.
+	CodeListen Code = 24
+	CodeAccept Code = 25
+	ReplyBit   Code = 0x8000
 )
 
 var codeNames = map[Code]string{
@@ -121,6 +130,8 @@ var codeNames = map[Code]string{
 	CodeZeroStats:   "ZERO_STATS",
 	CodeQuery:       "QUERY",
 	CodeTakeover:    "TAKEOVER",
+	CodeListen:      "LISTEN",
+	CodeAccept:      "ACCEPT",
 	CodeShutdown:    "SHUTDOWN",
 	CodeSocketError: "SOCKET_ERROR",
 }
@@ -313,6 +324,26 @@ type TakeoverReply struct {
 	DaemonPID uint32
 }
 
+// ListenReq is the LISTEN request body.
+type ListenReq struct {
+	// Backlog is how many connections may wait for ACCEPT (0: the
+	// daemon's default; larger values are capped by it, as by somaxconn).
+	Backlog uint32
+}
+
+// AcceptReq is the ACCEPT request body.
+type AcceptReq struct {
+	QueueBytes uint32 // the new socket's queues: 0 = daemon default; else as Open's
+}
+
+// AcceptReply is the ACCEPT reply body: the new socket (Header.Socket is
+// its id) as OpenReply describes it, its peer and its local address. The
+// packet carries FDsOpen file descriptors, in OPEN's order.
+type AcceptReply struct {
+	OpenReply
+	Peer, Local netip.AddrPort
+}
+
 // Empty is the body of CLOSE requests, of replies without a body and of
 // every failed reply.
 type Empty struct{}
@@ -336,6 +367,9 @@ func (Query) isMessage()         {}
 func (QueryReply) isMessage()    {}
 func (Takeover) isMessage()      {}
 func (TakeoverReply) isMessage() {}
+func (ListenReq) isMessage()     {}
+func (AcceptReq) isMessage()     {}
+func (AcceptReply) isMessage()   {}
 func (Empty) isMessage()         {}
 
 // Body sizes in bytes.
@@ -357,6 +391,9 @@ const (
 	lenQueryReply   = 8
 	lenTakeover     = 8
 	lenTakeoverRepl = 8
+	lenListen       = 4
+	lenAccept       = 4
+	lenAcceptReply  = lenOpenReply + 2*lenAddrPort
 )
 
 // NewHello returns a HELLO body offering exactly this package's Version,
@@ -382,7 +419,7 @@ func ExpectFDs(h Header) int {
 		return 0
 	}
 	switch h.Code {
-	case CodeOpen | ReplyBit:
+	case CodeOpen | ReplyBit, CodeAccept | ReplyBit:
 		return FDsOpen
 	case CodeQuery | ReplyBit:
 		return 1
@@ -442,9 +479,9 @@ func checkHeader(h Header) error {
 		if h.Socket != 0 {
 			return fmt.Errorf("socket id %d must be 0 for %v", h.Socket, h.Code)
 		}
-	case CodeOpen | ReplyBit:
+	case CodeOpen | ReplyBit, CodeAccept | ReplyBit:
 		if h.Socket == 0 {
-			return fmt.Errorf("successful OPEN reply without a socket id")
+			return fmt.Errorf("successful %v without a socket id", h.Code)
 		}
 	case CodeSocketError:
 		if h.Socket == 0 {
@@ -514,14 +551,35 @@ func appendBody(b []byte, h Header, body Message) ([]byte, error) {
 		if !ok {
 			return b, wrongBody(h, body)
 		}
-		if err := checkOpenReply(m); err != nil {
+		return appendOpenReply(b, m)
+	case CodeAccept | ReplyBit:
+		m, ok := as[AcceptReply](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		b, err := appendOpenReply(b, m.OpenReply)
+		if err != nil {
 			return b, err
 		}
-		b = le.AppendUint32(b, m.QueueBytes)
-		b = le.AppendUint32(b, 0)
-		b = le.AppendUint64(b, m.MemfdSize)
-		b = le.AppendUint64(b, m.TXOffset)
-		return le.AppendUint64(b, m.RXOffset), nil
+		if b, err = appendAddrPort(b, m.Peer, 0, false); err != nil {
+			return b, err
+		}
+		return appendAddrPort(b, m.Local, 0, false)
+	case CodeListen:
+		m, ok := as[ListenReq](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		return le.AppendUint32(b, m.Backlog), nil
+	case CodeAccept:
+		m, ok := as[AcceptReq](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		if m.QueueBytes != 0 && !validQueueBytes(m.QueueBytes) {
+			return b, fmt.Errorf("queue size %d (want 0 or a power of two in %d..%d)", m.QueueBytes, MinQueueBytes, MaxQueueBytes)
+		}
+		return le.AppendUint32(b, m.QueueBytes), nil
 	case CodeBind:
 		m, ok := as[Bind](body)
 		if !ok {
@@ -532,7 +590,7 @@ func appendBody(b []byte, h Header, body Message) ([]byte, error) {
 			flags = BindReuseAddr
 		}
 		return appendAddrPort(b, m.Addr, flags, false)
-	case CodeBind | ReplyBit:
+	case CodeBind | ReplyBit, CodeListen | ReplyBit:
 		m, ok := as[BindReply](body)
 		if !ok {
 			return b, wrongBody(h, body)
@@ -685,6 +743,18 @@ func appendBody(b []byte, h Header, body Message) ([]byte, error) {
 	return b, ErrUnknownCode
 }
 
+func appendOpenReply(b []byte, m OpenReply) ([]byte, error) {
+	if err := checkOpenReply(m); err != nil {
+		return b, err
+	}
+	le := binary.LittleEndian
+	b = le.AppendUint32(b, m.QueueBytes)
+	b = le.AppendUint32(b, 0)
+	b = le.AppendUint64(b, m.MemfdSize)
+	b = le.AppendUint64(b, m.TXOffset)
+	return le.AppendUint64(b, m.RXOffset), nil
+}
+
 // appendAddr writes a 16-byte address: IPv6 as is, IPv4 v4-mapped. The zero
 // Addr is written as 16 zero bytes when zeroOK.
 func appendAddr(b []byte, a netip.Addr, zeroOK bool) ([]byte, error) {
@@ -772,8 +842,8 @@ func checkOpen(m Open) error {
 	if m.Family != FamilyInet && m.Family != FamilyInet6 {
 		return fmt.Errorf("family %d (want %d AF_INET or %d AF_INET6)", m.Family, FamilyInet, FamilyInet6)
 	}
-	if m.Type != TypeDgram {
-		return fmt.Errorf("socket type %d (want %d SOCK_DGRAM)", m.Type, TypeDgram)
+	if m.Type != TypeDgram && m.Type != TypeStream {
+		return fmt.Errorf("socket type %d (want %d SOCK_DGRAM or %d SOCK_STREAM)", m.Type, TypeDgram, TypeStream)
 	}
 	if m.QueueBytes != 0 && !validQueueBytes(m.QueueBytes) {
 		return fmt.Errorf("queue size %d (want 0 or a power of two in %d..%d)", m.QueueBytes, MinQueueBytes, MaxQueueBytes)

@@ -56,6 +56,12 @@ func samples() []sample {
 		{"join-reply", Header{Code: CodeJoin | ReplyBit, ReqID: 7, Socket: 7}, &Empty{}},
 		{"leave", Header{Code: CodeLeave, ReqID: 8, Socket: 7}, &Group{Group: netip.MustParseAddr("239.1.2.3"), Ifindex: 1}},
 		{"leave-reply", Header{Code: CodeLeave | ReplyBit, ReqID: 8, Socket: 7}, &Empty{}},
+		{"open-stream", Header{Code: CodeOpen, ReqID: 2}, &Open{Family: FamilyInet6, Type: TypeStream}},
+		{"listen", Header{Code: CodeListen, ReqID: 12, Socket: 7}, &ListenReq{Backlog: 128}},
+		{"listen-reply", Header{Code: CodeListen | ReplyBit, ReqID: 12, Socket: 7}, &BindReply{Addr: v4}},
+		{"accept", Header{Code: CodeAccept, ReqID: 13, Socket: 7}, &AcceptReq{QueueBytes: 1 << 16}},
+		{"accept-reply", Header{Code: CodeAccept | ReplyBit, ReqID: 13, Socket: 8}, &AcceptReply{
+			OpenReply: OpenReply{QueueBytes: 4096, MemfdSize: 8704, TXOffset: 0, RXOffset: 4352}, Peer: v4, Local: netip.MustParseAddrPort("192.0.2.1:80")}},
 		{"close", Header{Code: CodeClose, ReqID: 9, Socket: 7}, &Empty{}},
 		{"close-reply", Header{Code: CodeClose | ReplyBit, ReqID: 9, Socket: 7}, &Empty{}},
 		{"shutdown", Header{Code: CodeShutdown}, &Shutdown{Reason: ShutdownDaemonStopping}},
@@ -144,6 +150,17 @@ func TestLayout(t *testing.T) {
 			"0d00" + "0100" + "09000000" + "00000000" + "00000000" + "0100" + "0200" + "00000000"},
 		{Header{Code: CodeTakeover | ReplyBit, ReqID: 9}, TakeoverReply{State: 1, DaemonPID: 0x1234},
 			"0d80" + "0100" + "09000000" + "00000000" + "00000000" + "0100" + "0000" + "34120000"},
+		{Header{Code: CodeListen, ReqID: 9, Socket: 3}, ListenReq{Backlog: 128},
+			"1800" + "0100" + "09000000" + "00000000" + "03000000" + "80000000"},
+		{Header{Code: CodeAccept, ReqID: 10, Socket: 3}, AcceptReq{},
+			"1900" + "0100" + "0a000000" + "00000000" + "03000000" + "00000000"},
+		{Header{Code: CodeAccept | ReplyBit, ReqID: 10, Socket: 4}, AcceptReply{
+			OpenReply: OpenReply{QueueBytes: 4096, MemfdSize: 8704, TXOffset: 0, RXOffset: 4352},
+			Peer:      netip.MustParseAddrPort("192.0.2.2:40000"), Local: netip.MustParseAddrPort("192.0.2.1:80")},
+			"1980" + "0100" + "0a000000" + "00000000" + "04000000" +
+				"00100000" + "00000000" + "0022000000000000" + "0000000000000000" + "0011000000000000" +
+				"00000000000000000000ffffc0000202" + "409c" + "0000" +
+				"00000000000000000000ffffc0000201" + "5000" + "0000"},
 	}
 	for _, c := range cases {
 		b, err := Marshal(nil, c.h, c.body)
@@ -210,7 +227,7 @@ func TestMarshalRefuses(t *testing.T) {
 		{"takeover empty range", Header{Code: CodeTakeover}, Takeover{MinState: 2, MaxState: 1}},
 		{"takeover reply state 0", Header{Code: CodeTakeover | ReplyBit}, TakeoverReply{DaemonPID: 1}},
 		{"bad family", Header{Code: CodeOpen}, Open{Family: 1, Type: TypeDgram}},
-		{"bad type", Header{Code: CodeOpen}, Open{Family: FamilyInet, Type: unix.SOCK_STREAM}},
+		{"bad type", Header{Code: CodeOpen}, Open{Family: FamilyInet, Type: unix.SOCK_RAW}},
 		{"queue not pow2", Header{Code: CodeOpen}, Open{Family: FamilyInet, Type: TypeDgram, QueueBytes: 5000}},
 		{"queue too small", Header{Code: CodeOpen}, Open{Family: FamilyInet, Type: TypeDgram, QueueBytes: 2048}},
 		{"queue too big", Header{Code: CodeOpen}, Open{Family: FamilyInet, Type: TypeDgram, QueueBytes: 32 << 20}},
@@ -312,7 +329,7 @@ func TestUnmarshalRefuses(t *testing.T) {
 		{"hello reply version 0", mut("hello-reply", set16(H, 0)), ErrMalformed, unix.EINVAL, true},
 		{"hello reply rx poll -2", mut("hello-reply", set32(H+16, 0xfffffffe)), ErrMalformed, unix.EINVAL, true},
 		{"bad family", mut("open-inet", set16(H, 1)), ErrMalformed, unix.EINVAL, true},
-		{"bad type", mut("open-inet", set16(H+2, unix.SOCK_STREAM)), ErrMalformed, unix.EINVAL, true},
+		{"bad type", mut("open-inet", set16(H+2, unix.SOCK_RAW)), ErrMalformed, unix.EINVAL, true},
 		{"bad queue size", mut("open-inet", set32(H+4, 12345)), ErrMalformed, unix.EINVAL, true},
 		{"open reply reserved", mut("open-reply", set32(H+4, 1)), ErrMalformed, unix.EINVAL, true},
 		{"open reply queue size 0", mut("open-reply", set32(H, 0)), ErrMalformed, unix.EINVAL, true},

@@ -64,8 +64,14 @@ func bodyLen(h Header) int {
 		return lenOpen
 	case CodeOpen | ReplyBit:
 		return lenOpenReply
-	case CodeBind, CodeBind | ReplyBit, CodeConnect:
+	case CodeBind, CodeBind | ReplyBit, CodeConnect, CodeListen | ReplyBit:
 		return lenAddrPort
+	case CodeListen:
+		return lenListen
+	case CodeAccept:
+		return lenAccept
+	case CodeAccept | ReplyBit:
+		return lenAcceptReply
 	case CodeSetSockOpt:
 		return lenSetSockOpt
 	case CodeGetSockOpt:
@@ -132,18 +138,36 @@ func decodeBody(h Header, b []byte) (Message, error) {
 		m := &Open{Family: le.Uint16(b[0:]), Type: le.Uint16(b[2:]), QueueBytes: le.Uint32(b[4:])}
 		return m, checkOpen(*m)
 	case CodeOpen | ReplyBit:
-		if r := le.Uint32(b[4:]); r != 0 {
-			return nil, fmt.Errorf("reserved field %#x (must be 0)", r)
+		m, err := decodeOpenReply(b)
+		return &m, err
+	case CodeAccept | ReplyBit:
+		or, err := decodeOpenReply(b[:lenOpenReply])
+		if err != nil {
+			return nil, err
 		}
-		m := &OpenReply{QueueBytes: le.Uint32(b[0:]), MemfdSize: le.Uint64(b[8:]), TXOffset: le.Uint64(b[16:]), RXOffset: le.Uint64(b[24:])}
-		return m, checkOpenReply(*m)
+		m := &AcceptReply{OpenReply: or}
+		var f1, f2 uint16
+		m.Peer, f1 = decodeAddrPort(b[lenOpenReply:], false)
+		m.Local, f2 = decodeAddrPort(b[lenOpenReply+lenAddrPort:], false)
+		if f1 != 0 || f2 != 0 {
+			return nil, fmt.Errorf("reserved field %#x/%#x (must be 0)", f1, f2)
+		}
+		return m, nil
+	case CodeListen:
+		return &ListenReq{Backlog: le.Uint32(b)}, nil
+	case CodeAccept:
+		m := &AcceptReq{QueueBytes: le.Uint32(b)}
+		if m.QueueBytes != 0 && !validQueueBytes(m.QueueBytes) {
+			return nil, fmt.Errorf("queue size %d (want 0 or a power of two in %d..%d)", m.QueueBytes, MinQueueBytes, MaxQueueBytes)
+		}
+		return m, nil
 	case CodeBind:
 		ap, flags := decodeAddrPort(b, false)
 		if flags&^BindReuseAddr != 0 {
 			return nil, fmt.Errorf("flags %#x (only bit 0 REUSEADDR is defined)", flags)
 		}
 		return &Bind{Addr: ap, ReuseAddr: flags&BindReuseAddr != 0}, nil
-	case CodeBind | ReplyBit:
+	case CodeBind | ReplyBit, CodeListen | ReplyBit:
 		ap, flags := decodeAddrPort(b, false)
 		if flags != 0 {
 			return nil, fmt.Errorf("reserved field %#x (must be 0)", flags)
@@ -228,6 +252,15 @@ func decodeBody(h Header, b []byte) (Message, error) {
 		return &Empty{}, nil
 	}
 	return nil, fmt.Errorf("no body layout") // unreachable after checkHeader
+}
+
+func decodeOpenReply(b []byte) (OpenReply, error) {
+	le := binary.LittleEndian
+	if r := le.Uint32(b[4:]); r != 0 {
+		return OpenReply{}, fmt.Errorf("reserved field %#x (must be 0)", r)
+	}
+	m := OpenReply{QueueBytes: le.Uint32(b[0:]), MemfdSize: le.Uint64(b[8:]), TXOffset: le.Uint64(b[16:]), RXOffset: le.Uint64(b[24:])}
+	return m, checkOpenReply(m)
 }
 
 // decodeAddr reads a 16-byte address, unmapping v4-mapped ones. All zeros

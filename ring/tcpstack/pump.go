@@ -1,0 +1,340 @@
+package tcpstack
+
+import (
+	"bytes"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/waiter"
+
+	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/internal/stream"
+)
+
+// maxChunk bounds one data record the pump writes into an RX queue.
+const maxChunk = 64 << 10
+
+// finishTimeout bounds how long a closed socket's pump keeps writing the
+// data the client queued before its close into a peer that does not take
+// it; then the connection is reset.
+const finishTimeout = time.Minute
+
+// PumpConfig is the daemon's side of a client's stream socket.
+type PumpConfig struct {
+	// TX and RX are the socket's queues: the pump consumes TX (stream
+	// records from the client) and produces RX (to the client).
+	TX, RX *shmq.Queue
+	// RXWait and TXWait wake the client: RX has records, TX has room.
+	RXWait, TXWait *shmq.Waiter
+	// Bell wakes the pump: the client rings it after publishing TX or
+	// releasing RX room (it is the socket's doorbell), the stack's
+	// events too.
+	Bell *shmq.Waiter
+	// Connecting: the endpoint's handshake is going on; the pump reports
+	// its end as a Connected or Error event before any data.
+	Connecting bool
+	// Done is called once the pump stopped touching the queues, with
+	// abort true when the connection must be reset rather than closed.
+	Done func(abort bool)
+}
+
+// PumpStats count one pump's traffic.
+type PumpStats struct {
+	// RXBytes went to the client, TXBytes came from it.
+	RXBytes, TXBytes atomic.Uint64
+	// RXRecords and TXRecords count data records.
+	RXRecords, TXRecords atomic.Uint64
+}
+
+// Pump moves one connection's byte stream between its stack endpoint and a
+// client socket's queues, in a goroutine of its own, until Finish or
+// Abort: client TX data records are written into the endpoint, its EOF
+// event becomes a FIN; what the endpoint receives becomes RX data records,
+// the peer's FIN an EOF event and a failure an Error event.
+type Pump struct {
+	ep  *Endpoint
+	cfg PumpConfig
+
+	finish, abort atomic.Bool
+	// sleeping: the pump is about to wait on Bell, so the stack's events
+	// must ring it (otherwise they need not: the pump looks anyway).
+	sleeping atomic.Bool
+	done     chan struct{}
+	stats    PumpStats
+
+	// Pump goroutine only.
+	connecting bool
+	txOff      int  // bytes of the current TX data record already written
+	txBlocked  bool // the endpoint's send buffer is full
+	wrFailed   bool // writes failed: queued data is dropped (the read side reports why)
+	rxWant     int  // RX room the pump waits for (0: none)
+	rxDone     bool // EOF or Error reported: nothing more to the client
+	pending    *stream.Event
+	rdr        bytes.Reader
+}
+
+// StartPump starts pumping between ep and the queues of cfg.
+func StartPump(ep *Endpoint, cfg PumpConfig) *Pump {
+	p := &Pump{ep: ep, cfg: cfg, done: make(chan struct{}), connecting: cfg.Connecting}
+	go p.run()
+	return p
+}
+
+// Stats returns the pump's counters.
+func (p *Pump) Stats() *PumpStats { return &p.stats }
+
+// Finish makes the pump write what the client queued, then close the
+// connection the orderly way and stop (the client closed its socket).
+func (p *Pump) Finish() {
+	p.finish.Store(true)
+	_ = p.cfg.Bell.Wake()
+}
+
+// Abort makes the pump stop at once and the connection be reset (the
+// client is gone, or set SO_LINGER 0).
+func (p *Pump) Abort() {
+	p.abort.Store(true)
+	_ = p.cfg.Bell.Wake()
+}
+
+// Wait waits until the pump stopped.
+func (p *Pump) Wait() { <-p.done }
+
+func (p *Pump) run() {
+	abort := true
+	defer func() {
+		close(p.done)
+		p.cfg.Done(abort)
+	}()
+	e := waiter.NewFunctionEntry(waiter.ReadableEvents|waiter.WritableEvents|waiter.EventErr|waiter.EventHUp, func(waiter.EventMask) {
+		if p.sleeping.Load() {
+			_ = p.cfg.Bell.Wake()
+		}
+	})
+	p.ep.WQ.EventRegister(&e)
+	defer p.ep.WQ.EventUnregister(&e)
+	var finishBy time.Time
+	for {
+		if p.abort.Load() {
+			return
+		}
+		work, corrupt := p.step()
+		if corrupt {
+			return
+		}
+		if p.finish.Load() {
+			if finishBy.IsZero() {
+				finishBy = time.Now().Add(finishTimeout)
+			}
+			if !p.cfg.TX.Readable() || p.wrFailed {
+				abort = false
+				return
+			}
+			if time.Now().After(finishBy) {
+				return
+			}
+		}
+		if work {
+			continue
+		}
+		p.sleep(!finishBy.IsZero())
+	}
+}
+
+// sleep waits on the bell after announcing it to the client (both queues)
+// and to the stack, re-checking everything it announced. A finishing pump
+// wakes every 100 ms to check its deadline.
+func (p *Pump) sleep(finishing bool) {
+	tx, rx := p.cfg.TX, p.cfg.RX
+	p.sleeping.Store(true)
+	defer p.sleeping.Store(false)
+	ready := tx.ArmReadWait() && !p.txBlocked && !p.connecting
+	if p.rxWant > 0 && rx.ArmWriteWait(p.rxWant) {
+		ready = true
+	}
+	if p.readable() || p.txBlocked && p.ep.EP.Readiness(waiter.WritableEvents) != 0 ||
+		p.connecting && !p.ep.Connecting() || p.finish.Load() && !finishing || p.abort.Load() {
+		ready = true
+	}
+	if !ready {
+		var deadline time.Time
+		if finishing {
+			deadline = time.Now().Add(100 * time.Millisecond)
+		}
+		_ = p.cfg.Bell.Wait(deadline)
+	}
+	tx.DisarmReadWait()
+	rx.DisarmWriteWait()
+}
+
+// readable reports whether the endpoint has something for the client
+// that the pump can take now.
+func (p *Pump) readable() bool {
+	if p.rxDone || p.connecting || p.rxWant > 0 {
+		return p.pending != nil && p.rxWant == 0
+	}
+	return p.pending != nil || p.ep.EP.Readiness(waiter.ReadableEvents) != 0
+}
+
+// step does one round of work both ways; corrupt reports a client queue
+// that cannot be trusted any more.
+func (p *Pump) step() (work, corrupt bool) {
+	if p.connecting {
+		if p.ep.Connecting() {
+			return false, false
+		}
+		p.connecting = false
+		work = true
+		if err := p.ep.Err(); err != nil {
+			p.pending = &stream.Event{Kind: stream.Error, Errno: uint32(errnoOf(err))}
+		} else {
+			local, _ := p.ep.Addrs()
+			p.pending = &stream.Event{Kind: stream.Connected, Addr: local}
+		}
+	}
+	w, corrupt := p.fromClient()
+	if corrupt {
+		return false, true
+	}
+	work = w || work
+	w, corrupt = p.toClient()
+	return w || work, corrupt
+}
+
+func errnoOf(err error) unix.Errno {
+	var e unix.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return unix.EIO
+}
+
+// fromClient writes the client's TX records into the endpoint.
+func (p *Pump) fromClient() (work, corrupt bool) {
+	tx := p.cfg.TX
+	p.txBlocked = false
+	for {
+		rec, typ, err := tx.Peek()
+		if err != nil {
+			if errors.Is(err, shmq.ErrEmpty) {
+				break
+			}
+			return work, true
+		}
+		switch typ {
+		case stream.TypeData:
+			if p.wrFailed || p.txOff >= len(rec) {
+				break
+			}
+			p.rdr.Reset(rec[p.txOff:])
+			n, terr := p.ep.EP.Write(&p.rdr, tcpip.WriteOptions{})
+			p.txOff += int(n)
+			p.stats.TXBytes.Add(uint64(n))
+			if n > 0 {
+				work = true
+			}
+			if p.txOff < len(rec) {
+				if _, block := terr.(*tcpip.ErrWouldBlock); block || terr == nil {
+					p.txBlocked = block
+					if block {
+						return work, false
+					}
+					continue
+				}
+				p.wrFailed = true
+			}
+			p.stats.TXRecords.Add(1)
+		case stream.TypeEvent:
+			if ev, err := stream.Parse(rec); err == nil && ev.Kind == stream.EOF {
+				p.ep.EP.Shutdown(tcpip.ShutdownWrite)
+			}
+		}
+		tx.Advance()
+		p.txOff = 0
+		work = true
+	}
+	if tx.Release() {
+		_ = p.cfg.TXWait.Wake()
+	}
+	return work, false
+}
+
+// toClient moves what the endpoint received into RX records.
+func (p *Pump) toClient() (work, corrupt bool) {
+	rx := p.cfg.RX
+	defer func() {
+		if rx.Publish() {
+			_ = p.cfg.RXWait.Wake()
+		}
+	}()
+	p.rxWant = 0
+	for {
+		if p.pending != nil {
+			buf, err := rx.Reserve(stream.EventLen)
+			if err != nil {
+				if errors.Is(err, shmq.ErrFull) {
+					p.rxWant = stream.EventLen
+					return work, false
+				}
+				return work, true
+			}
+			stream.Put(buf, *p.pending)
+			_ = rx.Commit(stream.EventLen, stream.TypeEvent)
+			if p.pending.Kind == stream.EOF || p.pending.Kind == stream.Error {
+				p.rxDone = true
+			}
+			p.pending = nil
+			work = true
+		}
+		if p.rxDone || p.connecting || p.ep.EP.Readiness(waiter.ReadableEvents) == 0 {
+			return work, false
+		}
+		avail, _ := p.ep.EP.GetSockOptInt(tcpip.ReceiveQueueSizeOption)
+		if avail <= 0 {
+			// Readable without data: the end of the stream or an error.
+			var none tcpip.SliceWriter
+			_, terr := p.ep.EP.Read(&none, tcpip.ReadOptions{})
+			switch terr.(type) {
+			case nil, *tcpip.ErrWouldBlock:
+				return work, false
+			case *tcpip.ErrClosedForReceive:
+				p.pending = &stream.Event{Kind: stream.EOF}
+			default:
+				p.pending = &stream.Event{Kind: stream.Error, Errno: uint32(Errno(terr))}
+			}
+			continue
+		}
+		size := min(avail, maxChunk, rx.MaxPayload())
+		buf, err := rx.Reserve(size)
+		if errors.Is(err, shmq.ErrFull) && size > 2048 {
+			size = 2048
+			buf, err = rx.Reserve(size)
+		}
+		if err != nil {
+			if errors.Is(err, shmq.ErrFull) {
+				p.rxWant = size
+				return work, false
+			}
+			return work, true
+		}
+		w := tcpip.SliceWriter(buf)
+		res, terr := p.ep.EP.Read(&w, tcpip.ReadOptions{})
+		if res.Count > 0 {
+			_ = rx.Commit(res.Count, stream.TypeData)
+			p.stats.RXBytes.Add(uint64(res.Count))
+			p.stats.RXRecords.Add(1)
+			work = true
+			continue
+		}
+		if terr != nil {
+			if _, block := terr.(*tcpip.ErrWouldBlock); !block {
+				p.pending = &stream.Event{Kind: stream.Error, Errno: uint32(Errno(terr))}
+				continue
+			}
+		}
+		return work, false
+	}
+}
