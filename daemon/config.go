@@ -164,6 +164,12 @@ type Config struct {
 	// path only, like Provider "tap") or "none" (see ring.Fallback).
 	Fallback string
 
+	// TCPCongestion is the TCP stacks' congestion control: "reno" (the
+	// default) or "cubic". gVisor's CUBIC can lose its congestion window
+	// for good after a retransmission timeout under heavy loss (see
+	// docs/architecture.md, TCP), which is why it is not the default.
+	TCPCongestion string
+
 	// Frames is the UMEM frame count of each ring (default 4096).
 	Frames int
 	// XDPMode selects native or generic XDP (default: native, generic
@@ -349,6 +355,11 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if _, err := ring.ParseFallback(c.Fallback); err != nil {
 		return r, err
+	}
+	switch c.TCPCongestion {
+	case "", "reno", "cubic":
+	default:
+		return r, fmt.Errorf("TCP congestion control %q: use reno or cubic", c.TCPCongestion)
 	}
 	switch c.XDPMode {
 	case bpf.ModeAuto, bpf.ModeNative, bpf.ModeGeneric:

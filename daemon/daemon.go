@@ -218,6 +218,7 @@ func (d *Daemon) openRings(adopt func(i int, it Interface) (*ring.Adoption, erro
 			QueueBytes:       rc.QueueBytes,
 			DevMemTX:         rc.DevMemTX,
 			DevMemInline:     rc.DevMemInline,
+			TCPCongestion:    rc.TCPCongestion,
 			Log:              rlog,
 		}
 		if adopt != nil {

@@ -46,7 +46,7 @@ func (r *Ring) TCPStack() (*tcpstack.Stack, error) {
 	if s := r.tcp.stack.Load(); s != nil {
 		return s, nil
 	}
-	s, err := tcpstack.New(tcpstack.Config{MTU: r.mtu, Log: r.log, Wake: func() {
+	s, err := tcpstack.New(tcpstack.Config{MTU: r.mtu, Log: r.log, CongestionControl: r.cfg.TCPCongestion, Wake: func() {
 		if r.sleeping.Load() {
 			_ = r.doorbell.Wake()
 		}

@@ -2,6 +2,7 @@ package socket
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -68,6 +69,13 @@ func hashPeer(c net.Conn, reply []byte) error {
 // peer's hash of out and the reply byte for byte.
 func streamExchange(t *testing.T, c *TCPConn, out, reply []byte) {
 	t.Helper()
+	streamExchangeDiag(t, c, out, reply, nil)
+}
+
+// streamExchangeDiag is streamExchange calling diag (when not nil) before
+// failing on a read error.
+func streamExchangeDiag(t *testing.T, c *TCPConn, out, reply []byte, diag func()) {
+	t.Helper()
 	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
 	errc := make(chan error, 1)
 	go func() {
@@ -79,6 +87,9 @@ func streamExchange(t *testing.T, c *TCPConn, out, reply []byte) {
 	}()
 	in, err := io.ReadAll(c)
 	if err != nil {
+		if diag != nil {
+			diag()
+		}
 		t.Fatalf("read: %v", err)
 	}
 	if err := <-errc; err != nil {
@@ -93,9 +104,18 @@ func streamExchange(t *testing.T, c *TCPConn, out, reply []byte) {
 	}
 }
 
+// bigTransfer is the largest transfer of the tests: 16 MiB, 1 MiB under
+// the race detector.
+func bigTransfer() int {
+	if raceEnabled {
+		return 1 << 20
+	}
+	return 16 << 20
+}
+
 // TestTCPDialAndAccept carries TCP between a client of bypassd and the
 // kernel stack in B, both ways (client connects; kernel connects to the
-// client's listener), IPv4 and IPv6, 1 B to 4 MiB byte-exact with an
+// client's listener), IPv4 and IPv6, 1 B to 16 MiB byte-exact with an
 // orderly close; the ring's stack counted the connections and the kernel
 // on A's side opened none.
 func TestTCPDialAndAccept(t *testing.T) {
@@ -108,7 +128,7 @@ func TestTCPDialAndAccept(t *testing.T) {
 	}{{"tcp4", l.p.A.Addr4(), l.p.B.Addr4()}, {"tcp6", l.p.A.Addr6(), l.p.B.Addr6()}} {
 		t.Run(fam.network, func(t *testing.T) {
 			before, st0 := l.kernelOpens(t), l.tcpStats()
-			for i, size := range []int{1, 100_000, 4 << 20} {
+			for i, size := range []int{1, 100_000, bigTransfer()} {
 				out, reply := payload(size, uint64(i)), payload(size/2+1, uint64(100+i))
 				kl := l.p.B.NS.ListenTCP(t, netip.AddrPortFrom(fam.b, 0))
 				errc := make(chan error, 1)
@@ -141,7 +161,7 @@ func TestTCPDialAndAccept(t *testing.T) {
 			}
 			defer ln.Close()
 			laddr := ln.Addr().(*net.TCPAddr).AddrPort()
-			for i, size := range []int{1, 4 << 20} {
+			for i, size := range []int{1, bigTransfer()} {
 				out, reply := payload(size, uint64(200+i)), payload(size/3+1, uint64(300+i))
 				errc := make(chan error, 1)
 				go func() {
@@ -283,4 +303,118 @@ func TestTCPClientKilled(t *testing.T) {
 	}
 	defer c.Close()
 	streamExchange(t, c, []byte("x"), []byte("after"))
+}
+
+// TestTCPLoss: with 1% and 5% of the frames lost each way on the peer's
+// link, transfers both ways still complete byte-exact, and the stack
+// counted its retransmissions.
+func TestTCPLoss(t *testing.T) {
+	netlab.RequirePriv(t)
+	t.Parallel()
+	for _, pct := range []int{1, 5} {
+		t.Run(fmt.Sprintf("%d%%", pct), func(t *testing.T) {
+			t.Parallel()
+			l := newTCPLab(t)
+			l.p.B.Loss(t, pct)
+			var errc chan error
+			diag := func() {
+				out, _ := l.p.B.NS.Command(context.Background(), "ss", "-tin").CombinedOutput()
+				t.Logf("B: %s", out)
+				t.Logf("stack: %+v", l.tcpStats())
+				s, _ := l.srv.Rings()[0].TCPStack()
+				t.Logf("connections: %+v", s.Connections())
+				select {
+				case err := <-errc:
+					t.Logf("kernel side: %v", err)
+				case <-time.After(time.Second):
+					t.Logf("kernel side: still running")
+				}
+			}
+			st0 := l.tcpStats()
+			start := time.Now()
+			kl := l.p.B.NS.ListenTCP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+			out, reply := payload(min(bigTransfer(), 4<<20)/2, 1), payload(min(bigTransfer(), 4<<20)/4, 2)
+			errc = make(chan error, 1)
+			go func() {
+				c, err := kl.Accept()
+				if err == nil {
+					err = hashPeer(c, reply)
+				}
+				errc <- err
+			}()
+			c, err := l.c.DialTCP("tcp4", netip.AddrPort{}, kl.Addr().(*net.TCPAddr).AddrPort())
+			if err != nil {
+				t.Fatalf("dial: %v", err)
+			}
+			defer c.Close()
+			streamExchangeDiag(t, c, out, reply, diag)
+			if err := <-errc; err != nil {
+				t.Fatalf("kernel server: %v", err)
+			}
+			st := l.tcpStats()
+			t.Logf("%d%% loss: %d KiB in %v, %d retransmits, %d RTO, %d fast retransmits, %d SACK and %d TLP recoveries",
+				pct, (len(out)+len(reply))>>10, time.Since(start).Round(time.Millisecond), st.Retransmits-st0.Retransmits, st.Timeouts-st0.Timeouts,
+				st.FastRetransmits-st0.FastRetransmits, st.SACKRecovery-st0.SACKRecovery, st.TLPRecovery-st0.TLPRecovery)
+			if st.Retransmits == st0.Retransmits {
+				t.Error("no retransmission counted under loss")
+			}
+		})
+	}
+}
+
+// TestTCPMSSFromMTU: the MSS bypassd's stack advertises follows its
+// interface's MTU: with A at 1280 and B at 1500, B's kernel sends segments
+// of 1280 − 40 (IPv4, TCP) − 12 (timestamps) = 1228 bytes.
+func TestTCPMSSFromMTU(t *testing.T) {
+	netlab.RequirePriv(t)
+	t.Parallel()
+	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
+	err := p.A.NS.Do(func() error {
+		link, err := p.A.NS.Netlink().LinkByName(p.A.Name)
+		if err != nil {
+			return err
+		}
+		return p.A.NS.Netlink().LinkSetMTU(link, 1280)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := daemontest.Start(t, p, daemonConfigForTCP(), nil)
+	c, err := Dial(srv.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	kl := p.B.NS.ListenTCP(t, netip.AddrPortFrom(p.B.Addr4(), 0))
+	mss := make(chan int, 1)
+	go func() {
+		kc, err := kl.Accept()
+		if err != nil {
+			mss <- -1
+			return
+		}
+		defer kc.Close()
+		rc, _ := kc.(*net.TCPConn).SyscallConn()
+		_ = rc.Control(func(fd uintptr) {
+			v, err := unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG)
+			if err != nil {
+				v = -1
+			}
+			mss <- v
+		})
+		_, _ = io.Copy(io.Discard, kc)
+	}()
+	conn, err := c.DialTCP("tcp4", netip.AddrPort{}, kl.Addr().(*net.TCPAddr).AddrPort())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	select {
+	case got := <-mss:
+		if got != 1228 {
+			t.Fatalf("the kernel peer's MSS is %d, want 1228 (bypassd's interface MTU 1280)", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the kernel peer did not accept")
+	}
 }

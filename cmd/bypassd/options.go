@@ -128,6 +128,9 @@ var settings = []setting{
 	{name: "provider", arg: "NAME", def: daemon.ProviderAuto,
 		usage: "ring provider: auto (verbs on an RDMA port when built with -tags verbs, else afxdp), afxdp, verbs or tap",
 		apply: func(o *options, v string) error { o.cfg.Provider = v; return nil }},
+	{name: "tcp-congestion", arg: "ALGO", def: "reno",
+		usage: "TCP congestion control of the rings' TCP stacks: reno or cubic",
+		apply: func(o *options, v string) error { o.cfg.TCPCongestion = v; return nil }},
 	{name: "fallback", arg: "MODE", def: "auto",
 		usage: "when a ring's fast path is unavailable or lost: auto (TAP path until it returns), tap (TAP path only) or none",
 		apply: func(o *options, v string) error {

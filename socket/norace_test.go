@@ -1,0 +1,5 @@
+//go:build !race
+
+package socket
+
+const raceEnabled = false
