@@ -114,6 +114,9 @@ func hopValue(level, name, v, lo int32, def uint8) (uint8, error) {
 
 // setOption is SETSOCKOPT.
 func (k *socket) setOption(level, name int32, value []byte) error {
+	if k.stream != nil && streamOptionKnown(level, name) {
+		return k.setStreamOption(level, name, value)
+	}
 	if !k.optionKnown(level, name) {
 		return noOption(level, name)
 	}
@@ -191,6 +194,9 @@ func (k *socket) setOption(level, name int32, value []byte) error {
 
 // option is GETSOCKOPT; values are 4-byte ints.
 func (k *socket) option(level, name int32) ([]byte, error) {
+	if k.stream != nil && streamOptionKnown(level, name) {
+		return k.streamOption(level, name), nil
+	}
 	if !k.optionKnown(level, name) {
 		return nil, noOption(level, name)
 	}

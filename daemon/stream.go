@@ -48,6 +48,8 @@ type streamState struct {
 	lis     *listener
 	// abort: the session ended without CLOSE, reset the connection.
 	abort bool
+	// opts are the socket's options (streamopt.go).
+	opts streamOpts
 }
 
 // listener serves a listening socket: its goroutine moves established
@@ -248,6 +250,8 @@ func (s *session) onAccept(h ctlproto.Header, k *socket, m *ctlproto.AcceptReq) 
 		return s.fail(h, err)
 	}
 	n.stream.ri = k.stream.ri
+	n.stream.opts = k.stream.opts
+	n.stream.opts.apply(c.Endpoint().EP)
 	rh := ctlproto.ReplyHeader(h)
 	rh.Socket = n.id
 	body := ctlproto.AcceptReply{OpenReply: n.openReply(), Peer: c.RemoteAddr(), Local: c.LocalAddr()}
@@ -284,7 +288,7 @@ func (s *session) streamConnect(k *socket, peer netip.AddrPort) error {
 	st := k.stream
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
-	c, err := st.binding.Connect(ctx, peer)
+	c, err := st.binding.Connect(ctx, peer, st.opts.apply)
 	if err != nil {
 		return err
 	}
@@ -336,7 +340,7 @@ func (k *socket) streamClose() {
 	st := k.stream
 	switch {
 	case st.pump != nil:
-		if st.abort {
+		if st.abort || st.opts.resetOnClose() {
 			st.pump.Abort()
 		} else {
 			st.pump.Finish()

@@ -18,6 +18,7 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/waiter"
 
@@ -511,7 +512,7 @@ func (r *Ring) ConnectTCP(ctx context.Context, laddr, raddr netip.AddrPort) (*TC
 	if err != nil {
 		return nil, err
 	}
-	c, err := b.Connect(ctx, raddr)
+	c, err := b.Connect(ctx, raddr, nil)
 	if err != nil {
 		b.Close()
 		return nil, err
@@ -524,7 +525,9 @@ func (r *Ring) ConnectTCP(ctx context.Context, laddr, raddr netip.AddrPort) (*TC
 // when the handshake ends, and Endpoint().Err then says how it ended. A
 // binding to the unspecified address connects from the route's source
 // address.
-func (b *TCPBinding) Connect(ctx context.Context, raddr netip.AddrPort) (_ *TCPConn, err error) {
+// setup, when not nil, sets options on the endpoint before the SYN leaves
+// (TCP_MAXSEG, buffer sizes).
+func (b *TCPBinding) Connect(ctx context.Context, raddr netip.AddrPort, setup func(tcpip.Endpoint)) (_ *TCPConn, err error) {
 	r := b.r
 	raddr = unmap(raddr)
 	fail := func(err error) error {
@@ -553,7 +556,7 @@ func (b *TCPBinding) Connect(ctx context.Context, raddr netip.AddrPort) (_ *TCPC
 		b.port.unref()
 		return nil, fail(err)
 	}
-	if c.ep, err = b.s.Connect(local, raddr); err != nil {
+	if c.ep, err = b.s.Connect(local, raddr, setup); err != nil {
 		r.unsteerTCP([]qp.Flow{c.flow})
 		b.port.unref()
 		return nil, fail(err)

@@ -1,10 +1,15 @@
 // Package socket is the client shim applications link to have their UDP
-// traffic carried by bypassd: a Client is one session with the daemon over
-// its Unix control socket, and a UDPConn is a UDP socket whose datagrams
-// leave and arrive through the daemon's kernel-bypass rings.
+// and TCP traffic carried by bypassd: a Client is one session with the
+// daemon over its Unix control socket, a UDPConn is a UDP socket whose
+// datagrams leave and arrive through the daemon's kernel-bypass rings, and
+// a TCPConn (DialTCP, TCPListener.Accept) a TCP connection held by the
+// daemon's TCP stack whose bytes move through the same kind of
+// shared-memory queues.
 //
 // Sockets behave like Go's: UDPConn implements net.PacketConn and net.Conn,
-// honours deadlines (also for calls already blocked), unblocks pending calls
+// TCPConn net.Conn (with CloseWrite, SetNoDelay, SetKeepAlive*, SetLinger),
+// TCPListener net.Listener; they honour deadlines (also for calls already
+// blocked), unblock pending calls
 // with net.ErrClosed on Close, and returns *net.OpError values whose causes
 // match syscall errnos with errors.Is (unix.EADDRINUSE, unix.EMSGSIZE,
 // unix.EAGAIN in non-blocking mode, os.ErrDeadlineExceeded at a deadline).

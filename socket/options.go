@@ -35,6 +35,15 @@ var options = map[string]option{
 	"IPV6_MULTICAST_HOPS": {level: unix.IPPROTO_IPV6, name: unix.IPV6_MULTICAST_HOPS},
 	"IPV6_MULTICAST_LOOP": {level: unix.IPPROTO_IPV6, name: unix.IPV6_MULTICAST_LOOP},
 	"IPV6_TCLASS":         {level: unix.IPPROTO_IPV6, name: unix.IPV6_TCLASS},
+	// TCP sockets (TCPConn, TCPListener).
+	"SO_KEEPALIVE":     {level: unix.SOL_SOCKET, name: unix.SO_KEEPALIVE},
+	"TCP_NODELAY":      {level: unix.IPPROTO_TCP, name: unix.TCP_NODELAY},
+	"TCP_QUICKACK":     {level: unix.IPPROTO_TCP, name: unix.TCP_QUICKACK},
+	"TCP_MAXSEG":       {level: unix.IPPROTO_TCP, name: unix.TCP_MAXSEG},
+	"TCP_KEEPIDLE":     {level: unix.IPPROTO_TCP, name: unix.TCP_KEEPIDLE},
+	"TCP_KEEPINTVL":    {level: unix.IPPROTO_TCP, name: unix.TCP_KEEPINTVL},
+	"TCP_KEEPCNT":      {level: unix.IPPROTO_TCP, name: unix.TCP_KEEPCNT},
+	"TCP_USER_TIMEOUT": {level: unix.IPPROTO_TCP, name: unix.TCP_USER_TIMEOUT},
 }
 
 // OptionNames returns the option names SetOption and Option accept, sorted.

@@ -1,9 +1,11 @@
 package socket
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/netip"
 	"sync"
@@ -594,3 +596,99 @@ func (t *TCPConn) CloseWrite() error {
 // pending reads and writes fail with net.ErrClosed. A process that exits
 // without closing resets its connections instead.
 func (t *TCPConn) Close() error { return t.close(t) }
+
+// SetOption sets a socket option by its Linux name (OptionNames lists
+// them; TCP sockets take TCP_NODELAY, TCP_QUICKACK, TCP_MAXSEG,
+// TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT, TCP_USER_TIMEOUT,
+// SO_KEEPALIVE, SO_SNDBUF and SO_RCVBUF). An option set on a listener is
+// inherited by the connections it accepts.
+func (t *tcpSock) SetOption(name string, value int) error {
+	o, err := lookupOption(name)
+	if err != nil {
+		return t.opErr("set", err)
+	}
+	v, err := o.encode(name, value)
+	if err != nil {
+		return t.opErr("set", err)
+	}
+	return t.setRaw(name, o, v)
+}
+
+func (t *tcpSock) setRaw(name string, o option, v []byte) error {
+	if _, err := t.request(ctlproto.CodeSetSockOpt, ctlproto.SetSockOpt{Level: o.level, Name: o.name, Value: v}); err != nil {
+		return t.opErr("set", fmt.Errorf("setsockopt %s: %w", name, err))
+	}
+	return nil
+}
+
+// Option returns a socket option's value by its Linux name.
+func (t *tcpSock) Option(name string) (int, error) {
+	o, err := lookupOption(name)
+	if err != nil {
+		return 0, t.opErr("get", err)
+	}
+	m, err := t.request(ctlproto.CodeGetSockOpt, ctlproto.GetSockOpt{Level: o.level, Name: o.name})
+	if err != nil {
+		return 0, t.opErr("get", fmt.Errorf("getsockopt %s: %w", name, err))
+	}
+	v, ok := m.(*ctlproto.SockOptValue)
+	if !ok {
+		return 0, t.opErr("get", fmt.Errorf("getsockopt %s: bypassd answered with %T: %w", name, m, unix.EPROTO))
+	}
+	val, err := o.decode(name, v.Value)
+	if err != nil {
+		return 0, t.opErr("get", err)
+	}
+	return val, nil
+}
+
+// SetNoDelay turns Nagle's algorithm off (true, TCP_NODELAY) or on, as
+// net.TCPConn.SetNoDelay. Unlike Go's net, sockets start with Nagle on
+// (Linux's default).
+func (t *tcpSock) SetNoDelay(noDelay bool) error {
+	return t.SetOption("TCP_NODELAY", boolToInt(noDelay))
+}
+
+// SetKeepAlive turns keepalive probes on or off (SO_KEEPALIVE).
+func (t *tcpSock) SetKeepAlive(keepalive bool) error {
+	return t.SetOption("SO_KEEPALIVE", boolToInt(keepalive))
+}
+
+// SetKeepAlivePeriod sets the idle time before the first probe and the
+// interval between probes (TCP_KEEPIDLE, TCP_KEEPINTVL; whole seconds, at
+// least 1), as net.TCPConn.SetKeepAlivePeriod.
+func (t *tcpSock) SetKeepAlivePeriod(d time.Duration) error {
+	secs := max(int((d+time.Second-1)/time.Second), 1)
+	if err := t.SetOption("TCP_KEEPIDLE", secs); err != nil {
+		return err
+	}
+	return t.SetOption("TCP_KEEPINTVL", secs)
+}
+
+// SetLinger sets what Close does with unsent data (SO_LINGER), as
+// net.TCPConn.SetLinger: sec < 0 (the default) sends it in the
+// background; sec == 0 discards it and resets the connection; sec > 0
+// lingers up to sec seconds.
+func (t *tcpSock) SetLinger(sec int) error {
+	v := make([]byte, 8)
+	if sec >= 0 {
+		binary.LittleEndian.PutUint32(v, 1)
+		binary.LittleEndian.PutUint32(v[4:], uint32(min(sec, math.MaxInt32)))
+	}
+	return t.setRaw("SO_LINGER", option{level: unix.SOL_SOCKET, name: unix.SO_LINGER}, v)
+}
+
+// SetReadBuffer sets the receive buffer of the daemon's TCP endpoint
+// (SO_RCVBUF), which bounds the window offered to the peer.
+func (t *tcpSock) SetReadBuffer(bytes int) error { return t.SetOption("SO_RCVBUF", bytes) }
+
+// SetWriteBuffer sets the send buffer of the daemon's TCP endpoint
+// (SO_SNDBUF).
+func (t *tcpSock) SetWriteBuffer(bytes int) error { return t.SetOption("SO_SNDBUF", bytes) }
+
+func boolToInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -418,3 +418,66 @@ func TestTCPMSSFromMTU(t *testing.T) {
 		t.Fatal("the kernel peer did not accept")
 	}
 }
+
+// TestTCPOptions: TCP options read back as set, SO_TYPE says stream, and
+// SO_LINGER {1, 0} makes Close reset the connection.
+func TestTCPOptions(t *testing.T) {
+	netlab.RequirePriv(t)
+	t.Parallel()
+	l := newTCPLab(t)
+	kl := l.p.B.NS.ListenTCP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	peerErr := make(chan error, 1)
+	go func() {
+		kc, err := kl.Accept()
+		if err != nil {
+			peerErr <- err
+			return
+		}
+		defer kc.Close()
+		_ = kc.SetDeadline(time.Now().Add(20 * time.Second))
+		_, err = io.Copy(io.Discard, kc)
+		peerErr <- err
+	}()
+	c, err := l.c.DialTCP("tcp4", netip.AddrPort{}, kl.Addr().(*net.TCPAddr).AddrPort())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetNoDelay(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetKeepAlive(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetKeepAlivePeriod(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetOption("TCP_KEEPCNT", 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetOption("TCP_KEEPCNT", 0); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("TCP_KEEPCNT 0: %v, want EINVAL", err)
+	}
+	if err := c.SetOption("TCP_MAXSEG", 1000); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("TCP_MAXSEG after connect: %v, want EINVAL", err)
+	}
+	for name, want := range map[string]int{"TCP_NODELAY": 1, "SO_KEEPALIVE": 1, "TCP_KEEPIDLE": 30, "TCP_KEEPINTVL": 30, "TCP_KEEPCNT": 3} {
+		if v, err := c.Option(name); err != nil || v != want {
+			t.Errorf("%s = %d, %v; want %d", name, v, err, want)
+		}
+	}
+	if v, err := c.Option("TCP_MAXSEG"); err != nil || v <= 0 || v > 1460 {
+		t.Errorf("TCP_MAXSEG = %d, %v; want the connection's MSS", v, err)
+	}
+	if _, err := c.Write([]byte("data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-peerErr; !errors.Is(err, unix.ECONNRESET) {
+		t.Fatalf("the peer read %v after a close with SO_LINGER 0, want ECONNRESET", err)
+	}
+}

@@ -63,8 +63,9 @@ func (l *Listener) Close() { l.EP.Close() }
 
 // Connect starts connecting from laddr (a concrete address and port the
 // caller reserved) to raddr and returns at once; the endpoint becomes
-// writable when the handshake ends (Err then tells how).
-func (s *Stack) Connect(laddr, raddr netip.AddrPort) (*Endpoint, error) {
+// writable when the handshake ends (Err then tells how). setup, when not
+// nil, sets options before the SYN is sent.
+func (s *Stack) Connect(laddr, raddr netip.AddrPort, setup func(tcpip.Endpoint)) (*Endpoint, error) {
 	wq := &waiter.Queue{}
 	ep, terr := s.s.NewEndpoint(tcp.ProtocolNumber, netProto(raddr.Addr().Unmap()), wq)
 	if terr != nil {
@@ -73,6 +74,9 @@ func (s *Stack) Connect(laddr, raddr netip.AddrPort) (*Endpoint, error) {
 	if terr := ep.Bind(fullAddr(laddr)); terr != nil {
 		ep.Close()
 		return nil, fmt.Errorf("tcpstack: connect %v: bind %v: %w", raddr, laddr, Errno(terr))
+	}
+	if setup != nil {
+		setup(ep)
 	}
 	terr = ep.Connect(fullAddr(raddr))
 	if _, started := terr.(*tcpip.ErrConnectStarted); terr != nil && !started {
