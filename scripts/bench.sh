@@ -16,6 +16,9 @@ echo
 echo "== unmodified sockperf through libbypassd.so vs the kernel (ping-pong, under-load, throughput; bypassd spinning or not)"
 scripts/bench-preload.sh
 echo
+echo "== TCP: bypassd (client queues + daemon stack), the ring's stack in process, kernel TCP; 64-byte ping-pong and single-stream bulk, same run"
+for i in 1 2 3; do go run ./bench/tcpbench -duration 2s -bulk 128000000; done
+echo
 echo "== egress staging in device memory: off vs on, 1400-byte datagrams"
 scripts/bench-devmem.sh
 echo

@@ -1,0 +1,217 @@
+// Command tcpbench compares TCP through bypassd with kernel TCP in one
+// lab and one run: 64-byte request/response latency (p50, p99, one
+// connection) and single-stream bulk throughput, the client in namespace
+// A (through bypassd's TCP stack, or the kernel's) and a kernel server in
+// namespace B. Run as root; `make bench` runs it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/internal/netlab"
+	"github.com/bypassd/bypassd/socket"
+)
+
+func main() {
+	dur := flag.Duration("duration", 3*time.Second, "length of each latency run")
+	size := flag.Int("size", 64, "request and response size (bytes)")
+	bulk := flag.Int("bulk", 256<<20, "bytes of the bulk transfer")
+	poll := flag.Duration("poll", 50*time.Microsecond, "spin time of the daemon's engine and its clients before sleeping")
+	flag.Parse()
+	if err := run(*dur, *size, *bulk, *poll); err != nil {
+		fmt.Fprintln(os.Stderr, "tcpbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(dur time.Duration, size, bulk int, poll time.Duration) error {
+	if ok, why := netlab.Privileged(); !ok {
+		return fmt.Errorf("needs root: %s", why)
+	}
+	p, err := netlab.CreatePair(netlab.Options{StaticNeigh: true})
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	dir, err := os.MkdirTemp("", "tcpbench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	cfg := daemon.Config{Interfaces: []daemon.Interface{{Name: p.A.Name}}, SocketPath: filepath.Join(dir, "bypassd.sock"),
+		RunDir: dir, StatsDir: filepath.Join(dir, "stats"), RXPoll: poll, EnginePoll: poll, Fallback: "none"}
+	var d *daemon.Daemon
+	if err := p.A.NS.Do(func() error { d, err = daemon.New(cfg, zap.NewNop()); return err }); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- d.Serve(ctx) }()
+	defer func() { cancel(); d.Close(); <-served }()
+	c, err := socket.Dial(cfg.SocketPath)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+
+	var srv *net.TCPListener
+	if err := p.B.NS.Do(func() error {
+		srv, err = net.ListenTCP("tcp4", net.TCPAddrFromAddrPort(netip.AddrPortFrom(p.B.Addr4(), 0)))
+		return err
+	}); err != nil {
+		return err
+	}
+	defer srv.Close()
+	go serve(srv, size)
+	addr := srv.Addr().(*net.TCPAddr).AddrPort()
+
+	dials := []struct {
+		name string
+		dial func() (net.Conn, error)
+	}{
+		{"bypassd", func() (net.Conn, error) {
+			conn, err := c.DialTCP("tcp4", netip.AddrPort{}, addr)
+			if err == nil {
+				err = conn.SetNoDelay(true)
+			}
+			return conn, err
+		}},
+		// The ring's stack in this process, without the client queues and
+		// the pump: what the daemon's side costs on its own.
+		{"ring", func() (net.Conn, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			rc, err := d.Rings()[0].DialTCP(ctx, netip.AddrPort{}, addr)
+			if err != nil {
+				return nil, err
+			}
+			rc.Endpoint().EP.SocketOptions().SetDelayOption(false)
+			return rc.NetConn(), nil
+		}},
+		{"kernel", func() (net.Conn, error) {
+			var conn net.Conn
+			err := p.A.NS.Do(func() error { conn, err = net.Dial("tcp4", addr.String()); return err })
+			return conn, err
+		}},
+	}
+	fmt.Printf("%-8s %10s %10s %12s %14s\n", "path", "p50 µs", "p99 µs", "trans/s", "bulk Gbit/s")
+	for _, dl := range dials {
+		conn, err := dl.dial()
+		if err != nil {
+			return fmt.Errorf("%s: dial: %w", dl.name, err)
+		}
+		p50, p99, tps, err := pingPong(conn, size, dur)
+		conn.Close()
+		if err != nil {
+			return fmt.Errorf("%s: ping-pong: %w", dl.name, err)
+		}
+		conn, err = dl.dial()
+		if err != nil {
+			return fmt.Errorf("%s: dial: %w", dl.name, err)
+		}
+		gbps, err := bulkSend(conn, bulk)
+		if err != nil {
+			return fmt.Errorf("%s: bulk: %w", dl.name, err)
+		}
+		fmt.Printf("%-8s %10.1f %10.1f %12.0f %14.2f\n", dl.name, p50, p99, tps, gbps)
+	}
+	return nil
+}
+
+// serve answers each connection: the first byte says what it is ('p':
+// echo size-byte messages; 'b': read to EOF, then answer one byte).
+func serve(l *net.TCPListener, size int) {
+	for {
+		conn, err := l.AcceptTCP()
+		if err != nil {
+			return
+		}
+		_ = conn.SetNoDelay(true)
+		go func() {
+			defer conn.Close()
+			kind := make([]byte, 1)
+			if _, err := io.ReadFull(conn, kind); err != nil {
+				return
+			}
+			if kind[0] == 'b' {
+				_, _ = io.Copy(io.Discard, conn)
+				_, _ = conn.Write(kind)
+				return
+			}
+			buf := make([]byte, size)
+			for {
+				if _, err := io.ReadFull(conn, buf); err != nil {
+					return
+				}
+				if _, err := conn.Write(buf); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// pingPong sends size-byte requests one at a time for dur and returns the
+// round-trip p50 and p99 (µs) and transactions per second.
+func pingPong(conn net.Conn, size int, dur time.Duration) (p50, p99, tps float64, err error) {
+	if _, err := conn.Write([]byte{'p'}); err != nil {
+		return 0, 0, 0, err
+	}
+	buf := make([]byte, size)
+	var rtts []time.Duration
+	start := time.Now()
+	for time.Since(start) < dur {
+		t0 := time.Now()
+		if _, err := conn.Write(buf); err != nil {
+			return 0, 0, 0, err
+		}
+		if _, err := io.ReadFull(conn, buf); err != nil {
+			return 0, 0, 0, err
+		}
+		rtts = append(rtts, time.Since(t0))
+	}
+	if len(rtts) == 0 {
+		return 0, 0, 0, errors.New("no round trip completed")
+	}
+	slices.Sort(rtts)
+	pct := func(q float64) float64 { return float64(rtts[int(q*float64(len(rtts)-1))].Nanoseconds()) / 1e3 }
+	return pct(0.5), pct(0.99), float64(len(rtts)) / time.Since(start).Seconds(), nil
+}
+
+// bulkSend writes n bytes, half-closes and waits for the server's answer,
+// and returns Gbit/s.
+func bulkSend(conn net.Conn, n int) (float64, error) {
+	defer conn.Close()
+	if _, err := conn.Write([]byte{'b'}); err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 256<<10)
+	start := time.Now()
+	for sent := 0; sent < n; {
+		m := min(len(buf), n-sent)
+		if _, err := conn.Write(buf[:m]); err != nil {
+			return 0, err
+		}
+		sent += m
+	}
+	if err := conn.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+		return 0, err
+	}
+	if _, err := io.ReadFull(conn, buf[:1]); err != nil {
+		return 0, err
+	}
+	return float64(n) * 8 / time.Since(start).Seconds() / 1e9, nil
+}
