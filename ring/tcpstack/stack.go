@@ -63,8 +63,8 @@ type Stack struct {
 
 // New creates a stack with no addresses yet (AddAddress).
 func New(cfg Config) (*Stack, error) {
-	if cfg.MTU < 1280 && cfg.MTU < 576 || cfg.MTU <= 0 {
-		return nil, fmt.Errorf("tcpstack: MTU %d is too small for TCP", cfg.MTU)
+	if cfg.MTU < 576 {
+		return nil, fmt.Errorf("tcpstack: MTU %d is too small for TCP (at least 576)", cfg.MTU)
 	}
 	if cfg.CongestionControl == "" {
 		cfg.CongestionControl = "reno"
