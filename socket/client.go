@@ -306,13 +306,13 @@ func (c *Client) DialUDPConfig(network string, laddr, raddr netip.AddrPort, cfg 
 
 // family resolves network and the addresses to the socket's family and
 // normalized (unmapped, wildcard-filled) local and remote addresses.
-func family(network string, laddr, raddr netip.AddrPort) (v6 bool, l, r netip.AddrPort, err error) {
+func family(proto, network string, laddr, raddr netip.AddrPort) (v6 bool, l, r netip.AddrPort, err error) {
 	la, ra := laddr.Addr().Unmap(), raddr.Addr().Unmap()
 	switch network {
-	case "udp4", "tcp4":
-	case "udp6", "tcp6":
+	case proto + "4":
+	case proto + "6":
 		v6 = true
-	case "udp", "tcp":
+	case proto:
 		switch {
 		case la.IsValid():
 			v6 = la.Is6()
@@ -320,7 +320,7 @@ func family(network string, laddr, raddr netip.AddrPort) (v6 bool, l, r netip.Ad
 			v6 = ra.Is6()
 		}
 	default:
-		return false, l, r, fmt.Errorf("network %q: use \"udp\", \"udp4\", \"udp6\", \"tcp\", \"tcp4\" or \"tcp6\": %w", network, net.UnknownNetworkError(network))
+		return false, l, r, fmt.Errorf("network %q: use %q, %q or %q: %w", network, proto, proto+"4", proto+"6", net.UnknownNetworkError(network))
 	}
 	fam := "IPv4"
 	if v6 {
@@ -350,7 +350,7 @@ func family(network string, laddr, raddr netip.AddrPort) (v6 bool, l, r netip.Ad
 // open runs OPEN, maps the queues, then (SO_REUSEADDR,) BIND and, if raddr
 // is set, CONNECT.
 func (c *Client) open(network string, laddr, raddr netip.AddrPort, cfg ListenConfig) (*UDPConn, error) {
-	v6, laddr, raddr, err := family(network, laddr, raddr)
+	v6, laddr, raddr, err := family("udp", network, laddr, raddr)
 	if err != nil {
 		return nil, err
 	}

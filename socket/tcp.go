@@ -257,7 +257,7 @@ func ListenTCP(network string, laddr netip.AddrPort) (*TCPListener, error) {
 // or a port, binds it. opened reports whether t holds a socket to close
 // on error.
 func (c *Client) openStream(t *tcpSock, network string, laddr, raddr netip.AddrPort) (opened bool, err error) {
-	v6, laddr, _, err := family(network, laddr, raddr)
+	v6, laddr, _, err := family("tcp", network, laddr, raddr)
 	if err != nil {
 		return false, err
 	}
