@@ -318,6 +318,12 @@ func (s *session) describeState(tab *takeover.Table, ringIndex map[*ringInfo]int
 	}
 	dup := func(fd int) (int, error) { return unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0) }
 	for _, k := range s.sockets {
+		if k.stream != nil {
+			// The seam for TCP is the stack's state; until it is carried,
+			// a daemon with TCP sockets refuses the takeover and keeps
+			// serving.
+			return ss, fmt.Errorf("socket %d is a TCP socket: TCP connections cannot be handed over yet (close them, or restart the daemon, which resets them): %w", k.id, unix.EOPNOTSUPP)
+		}
 		ks := takeover.Socket{ID: k.id, Family: k.family, QueueBytes: k.queueBytes, MemSize: int64(len(k.mem)),
 			TXOffset: 0, RXOffset: int64(rxOffset(k.queueBytes)), Ring: ringIndex[k.home], ReuseAddr: k.reuseAddr,
 			Options:      takeover.Options{TTL: k.hdr.TTL, MulticastTTL: k.hdr.MulticastTTL, TOS: k.hdr.TOS, MulticastLoop: k.hdr.MulticastLoop},
