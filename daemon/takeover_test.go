@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -312,5 +313,99 @@ func TestTakeoverRefused(t *testing.T) {
 	helloClient(t, l)
 	if l.d.Sessions() != 2 {
 		t.Errorf("%d sessions, want 2", l.d.Sessions())
+	}
+}
+
+// TestTakeoverBlackout measures the pause a client sees across a takeover
+// with 0, 100 and 1,000 other bound sockets (BYPASSD_BENCH_TAKEOVER=1; the
+// numbers go to docs/benchmarks.md).
+func TestTakeoverBlackout(t *testing.T) {
+	if os.Getenv("BYPASSD_BENCH_TAKEOVER") == "" {
+		t.Skip("a measurement: set BYPASSD_BENCH_TAKEOVER=1")
+	}
+	for _, n := range []int{0, 100, 1000} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			l := newLab(t, Config{QueueBytes: 64 << 10})
+			c := helloClient(t, l)
+			for range n {
+				s := openSocket(t, c, unix.AF_INET)
+				if _, err := c.bind(s, netip.AddrPortFrom(l.p.A.Addr4(), 0), false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s := openSocket(t, c, unix.AF_INET)
+			local, err := c.bind(s, netip.AddrPortFrom(l.p.A.Addr4(), 0), false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			peer := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+			var sent, got atomic.Uint64
+			var longest time.Duration
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				msgs := make([]sockq.Message, 64)
+				for i := range msgs {
+					msgs[i].Buf = make([]byte, 64)
+				}
+				var last time.Time
+				for {
+					k, _ := s.conn.RecvBatch(msgs, time.Now().Add(20*time.Millisecond))
+					if k > 0 {
+						now := time.Now()
+						if !last.IsZero() && now.Sub(last) > longest {
+							longest = now.Sub(last)
+						}
+						last = now
+						got.Add(uint64(k))
+						continue
+					}
+					select {
+					case <-stop:
+						return
+					default:
+					}
+				}
+			}()
+			sendDone := make(chan struct{})
+			go func() {
+				defer close(sendDone)
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if _, err := peer.WriteToUDPAddrPort([]byte("12345678"), local); err == nil {
+						sent.Add(1)
+					}
+					if i%10 == 9 {
+						time.Sleep(time.Millisecond)
+					}
+				}
+			}()
+			time.Sleep(300 * time.Millisecond)
+			start := time.Now()
+			d2, err := takeOver(t, l, TakeoverOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			took := time.Since(start)
+			time.Sleep(500 * time.Millisecond)
+			close(stop)
+			<-sendDone
+			for end := time.Now().Add(5 * time.Second); got.Load() < sent.Load() && time.Now().Before(end); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			<-done
+			// A measurement, not a check: datagrams beyond what the RX
+			// queue holds when the backlog arrives at once are counted
+			// as rx_queue_full.
+			st := d2.Rings()[0].Stats()
+			t.Logf("%d other sockets: takeover %v, longest gap %v, sent %d, not received %d, of which counted rx_queue_full %d, from the kernel backlog %d",
+				n, took.Round(time.Millisecond), longest.Round(time.Millisecond), sent.Load(), sent.Load()-got.Load(),
+				st.RXQueueFull.Load(), st.RXKernelBacklog.Load())
+		})
 	}
 }
