@@ -9,7 +9,7 @@ BIN      := bin
 APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev prometheus gcc libc6-dev make python3
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all deps build build-verbs test bench soak demo generate check-generated lint fmt clean
+.PHONY: all deps build build-verbs test bench soak demo generate check-generated lint fmt clean deb test-deb
 
 all: build
 
@@ -55,6 +55,17 @@ soak: deps
 
 demo: deps build
 	scripts/demo.sh
+
+# deb: the Debian package in bin/deb/ (deploy/debian/build.sh): static
+# binaries, libbypassd.so, the systemd unit, docs. Reproducible: the file
+# mtimes are the last commit's time (SOURCE_DATE_EPOCH).
+deb:
+	deploy/debian/build.sh $(BIN)/deb
+
+# test-deb: builds the package twice (same sha256), checks its files and
+# control fields, installs it into a scratch root and runs bypassd --version.
+test-deb:
+	deploy/debian/test.sh $(BIN)/deb-test
 
 generate:
 	$(GO) generate ./bpf/...
