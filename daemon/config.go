@@ -31,6 +31,11 @@ const (
 	DefaultMaxSockets                 = 1024
 	DefaultMaxQueueMemory int64       = 256 << 20
 	DefaultFrames                     = 4096
+	// DefaultMaxFlows holds 100,000 bound sockets with room to spare (the
+	// kernel preallocates about 100 bytes per entry: 26 MB).
+	DefaultMaxFlows = 262144
+	// MaxFlowsLimit bounds --max-flows.
+	MaxFlowsLimit = 1 << 24
 	// DefaultDevMemMax is the per-interface cap on staging memory: the
 	// on-device memory of a single-port ConnectX.
 	DefaultDevMemMax = 256 << 10
@@ -152,6 +157,10 @@ type Config struct {
 	// MaxQueueMemory bounds the shared memory of one client connection's
 	// sockets, in bytes (default 256 MiB); more fail with ENOMEM.
 	MaxQueueMemory int64
+	// MaxFlows is the capacity of each interface's flow steering map
+	// (default DefaultMaxFlows): a bind or join needing one more entry
+	// fails with ENOSPC and counts flows_full.
+	MaxFlows int
 
 	// Provider picks each ring's raw queue pair backend: "auto" (the
 	// default: verbs where the binary has it and the interface has an RDMA
@@ -254,6 +263,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxQueueMemory == 0 {
 		c.MaxQueueMemory = DefaultMaxQueueMemory
 	}
+	if c.MaxFlows == 0 {
+		c.MaxFlows = DefaultMaxFlows
+	}
 	if c.Frames == 0 {
 		c.Frames = DefaultFrames
 	}
@@ -346,6 +358,9 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if min := int64(socketMemory(c.QueueBytes)); c.MaxQueueMemory < min {
 		return r, fmt.Errorf("max queue memory %d bytes: too small for even one socket with %d-byte queues (needs %d)", c.MaxQueueMemory, c.QueueBytes, min)
+	}
+	if c.MaxFlows < 1 || c.MaxFlows > MaxFlowsLimit {
+		return r, fmt.Errorf("max flows %d: must be 1 to %d", c.MaxFlows, MaxFlowsLimit)
 	}
 	if c.Frames < 64 || c.Frames&(c.Frames-1) != 0 {
 		return r, fmt.Errorf("frames %d: must be a power of two, at least 64", c.Frames)

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/pacing"
@@ -36,8 +37,10 @@ type Daemon struct {
 	rings []*ringInfo
 	// devices are the served interfaces' NIC facts, probed at start.
 	devices []*deviceFacts
-	locks   []*ifaceLock
-	ln      *ctlproto.Listener
+	// limits are the process limits raised at start (raiseNofile).
+	limits ctldoc.Limits
+	locks  []*ifaceLock
+	ln     *ctlproto.Listener
 	// nl lists interface addresses in the daemon's network namespace (to
 	// learn which rings serve which address family).
 	nl   *netlink.Handle
@@ -157,6 +160,11 @@ func newDaemon(cfg Config, log *zap.Logger) (*Daemon, error) {
 	d := &Daemon{cfg: rc, log: log, sessions: map[*session]struct{}{}, started: time.Now(), netns: netns.None(),
 		stop: make(chan struct{}), served: make(chan struct{}), gone: make(chan struct{})}
 	d.stats.clients = map[int]*clientStats{}
+	if d.limits, err = raiseNofile(); err != nil {
+		// Serve anyway, with fewer sockets.
+		log.Warn("cannot raise the open-file limit; the daemon serves fewer sockets", zap.Error(err))
+		err = nil
+	}
 	return d, nil
 }
 
@@ -216,6 +224,7 @@ func (d *Daemon) openRings(adopt func(i int, it Interface) (*ring.Adoption, erro
 			Poll:             rc.EnginePoll,
 			RXPoll:           rc.RXPoll,
 			QueueBytes:       rc.QueueBytes,
+			MaxFlows:         rc.MaxFlows,
 			DevMemTX:         rc.DevMemTX,
 			DevMemInline:     rc.DevMemInline,
 			TCPCongestion:    rc.TCPCongestion,
@@ -257,7 +266,7 @@ func (d *Daemon) start() error {
 // logReady logs that the daemon serves, with its settings.
 func (d *Daemon) logReady() {
 	rc := &d.cfg
-	d.log.Info("bypassd ready", zap.String("socket", rc.SocketPath), zap.Stringers("interfaces", rc.Interfaces),
+	d.log.Info("bypassd ready", zap.Uint64("nofile_soft", d.limits.NofileSoft), zap.Uint64("nofile_hard", d.limits.NofileHard), zap.String("socket", rc.SocketPath), zap.Stringers("interfaces", rc.Interfaces),
 		zap.Int("queue_bytes", rc.QueueBytes), zap.Int32("rx_poll_us", pollMicros(rc.RXPoll)),
 		zap.Duration("engine_poll", rc.EnginePoll), zap.Int("max_sockets", rc.MaxSockets),
 		zap.Int64("max_queue_memory", rc.MaxQueueMemory), zap.String("stats_dir", rc.StatsDir),

@@ -42,6 +42,9 @@ type Stats struct {
 	TXLinkDown atomic.Uint64
 	// Wakeups counts times the engine slept and woke up.
 	Wakeups atomic.Uint64
+	// FlowsFull counts binds and joins refused because the steering map
+	// was full (--max-flows).
+	FlowsFull atomic.Uint64
 	// RXHandedOff counts frames this ring received for a flow homed on
 	// another ring of the interface and passed to that ring (handoff.go);
 	// RXHandoffDropped those it could not (the home ring's inbox full, or

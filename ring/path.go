@@ -56,7 +56,10 @@ type PathConfig struct {
 	// uses it instead of attaching one, and its socket enters the XSKMAP
 	// only at Ring.Activate.
 	Adopt *bpf.Program
-	Log   *zap.Logger
+	// MaxFlows is the capacity of the interface's steering map (the
+	// first ring of the interface sizes it; 0: bpf.DefaultMaxFlows).
+	MaxFlows int
+	Log      *zap.Logger
 }
 
 // OpenPathFunc opens a provider and its steering. On error it leaves nothing

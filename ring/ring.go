@@ -124,6 +124,10 @@ type Config struct {
 	// Adopt opens the ring on objects a previous daemon handed over (live
 	// upgrade, see handover.go); nil for a fresh ring.
 	Adopt *Adoption
+	// MaxFlows is the capacity of the interface's flow steering map
+	// (--max-flows; 0: bpf.DefaultMaxFlows). A bind that needs an entry
+	// in a full map fails with ENOSPC and counts Stats.FlowsFull.
+	MaxFlows int
 
 	Log *zap.Logger
 }
@@ -262,7 +266,7 @@ func Open(cfg Config) (_ *Ring, err error) {
 		cfg.Provider = DefaultProvider
 		r.cfg.Provider = DefaultProvider
 	}
-	pc := PathConfig{Interface: cfg.Interface, Ifindex: r.ifindex, Queue: cfg.Queue, Queues: attrs.NumRxQueues,
+	pc := PathConfig{Interface: cfg.Interface, Ifindex: r.ifindex, Queue: cfg.Queue, Queues: attrs.NumRxQueues, MaxFlows: cfg.MaxFlows,
 		MAC: r.mac, MTU: r.mtu, NS: r.ns, Frames: cfg.Frames, FrameSize: cfg.FrameSize, Copy: cfg.Copy,
 		XDPMode: cfg.XDPMode, DeviceMemory: cfg.DevMemTX, HWTimestamps: deviceStamps(cfg),
 		Log: r.log}

@@ -22,7 +22,7 @@ func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	if pc.Adopt != nil {
 		sp = adoptProgram(key, pc.Adopt)
 	} else {
-		sp, err = acquireProgram(key, bpf.Options{Mode: pc.XDPMode, RXTimestamps: pc.HWTimestamps, Queues: pc.Queues})
+		sp, err = acquireProgram(key, bpf.Options{Mode: pc.XDPMode, RXTimestamps: pc.HWTimestamps, Queues: pc.Queues, MaxFlows: uint32(pc.MaxFlows)})
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("attach XDP program: %w", err)

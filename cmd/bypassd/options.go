@@ -122,6 +122,9 @@ var settings = []setting{
 			o.cfg.MaxQueueMemory = n
 			return err
 		}},
+	{name: "max-flows", arg: "N", def: strconv.Itoa(daemon.DefaultMaxFlows),
+		usage: "capacity of each interface's flow steering map (binds beyond it fail with ENOSPC)",
+		apply: func(o *options, v string) (err error) { o.cfg.MaxFlows, err = parseCount(v); return err }},
 	{name: "frames", arg: "N", def: strconv.Itoa(daemon.DefaultFrames),
 		usage: "UMEM frames per ring (power of two, at least 64)",
 		apply: func(o *options, v string) (err error) { o.cfg.Frames, err = parseCount(v); return err }},
