@@ -9,7 +9,7 @@ BIN      := bin
 APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev prometheus gcc libc6-dev make python3
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all deps build build-verbs test bench soak demo generate check-generated lint fmt clean deb test-deb
+.PHONY: all deps build build-verbs test bench soak demo generate check-generated lint fmt clean deb test-deb image
 
 all: build
 
@@ -66,6 +66,12 @@ deb:
 # control fields, installs it into a scratch root and runs bypassd --version.
 test-deb:
 	deploy/debian/test.sh $(BIN)/deb-test
+
+# image: the daemon's OCI image FROM scratch (deploy/image/build.sh), with
+# buildah or podman; nothing is pulled. Tagged localhost/bypassd:VERSION;
+# prints its digest, the same for two builds of one commit.
+image:
+	deploy/image/build.sh $(BIN)/image
 
 generate:
 	$(GO) generate ./bpf/...
