@@ -61,6 +61,15 @@ type Options struct {
 	// kernel refuses it, the plain program is used and
 	// Program.RXTimestampsRefused says why.
 	RXTimestamps bool
+	// Frags loads the program frags-aware (BPF_F_XDP_HAS_FRAGS, what
+	// SEC("xdp.frags") declares): frames larger than one buffer then
+	// reach it as multi-buffer xdp_buffs, of which it parses the headers
+	// in the first buffer, instead of being dropped by the driver or
+	// refused at attach (veth refuses a plain program in native mode
+	// when the peer's MTU exceeds a page: ERANGE). Needs Linux 5.18;
+	// the timestamping variant is not loaded frags-aware, so Frags wins
+	// over RXTimestamps.
+	Frags bool
 }
 
 // Counters are the program's statistics summed over all CPUs.
@@ -99,6 +108,8 @@ type Program struct {
 	// is why it is not when Options.RXTimestamps asked for it.
 	rxts      bool
 	tsRefused error
+	// frags: loaded frags-aware (Options.Frags).
+	frags bool
 }
 
 // bpfFXDPDevBoundOnly is BPF_F_XDP_DEV_BOUND_ONLY (linux/bpf.h): load an XDP
@@ -148,9 +159,14 @@ func Attach(ifindex int, opts Options) (*Program, error) {
 	slots := uint32(max(opts.Queues, MaxSockets))
 	spec.Maps[steerMapXsks].MaxEntries = slots
 
-	p := &Program{ifindex: ifindex, slots: slots}
+	p := &Program{ifindex: ifindex, slots: slots, frags: opts.Frags}
+	if opts.Frags {
+		spec.Programs[steerProgSteer].Flags |= unix.BPF_F_XDP_HAS_FRAGS
+	}
 	if opts.RXTimestamps {
-		if opts.Mode == ModeGeneric {
+		if opts.Frags {
+			p.tsRefused = errors.New("hardware receive timestamps through XDP are not available with multi-buffer frames (MTU larger than the frame size)")
+		} else if opts.Mode == ModeGeneric {
 			p.tsRefused = errors.New("hardware receive timestamps need native XDP (device-bound programs do not run in generic mode)")
 		} else if err := p.attachTimestamping(spec); err == nil {
 			return p, nil
@@ -165,6 +181,10 @@ func Attach(ifindex int, opts Options) (*Program, error) {
 	}
 	var objs plainObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		if opts.Frags && errors.Is(err, unix.EINVAL) {
+			return nil, fmt.Errorf("bpf: load the frags-aware (multi-buffer) steering program: %w (needs Linux 5.18+, and AF_XDP multi-buffer Linux 6.6+; this kernel is %s): "+
+				"use a frame size that holds a whole frame (--frame-size 4096 takes MTUs up to 3822) or lower the MTU", loadError(err), KernelRelease())
+		}
 		return nil, loadError(err)
 	}
 	p.objs, p.prog = objs.steerMaps, objs.Prog
@@ -278,6 +298,19 @@ func attachError(ifindex int, mode AttachMode, err error) error {
 		return fmt.Errorf("bpf: attach XDP in %s mode to %s: %w", mode, dev, err)
 	}
 	return fmt.Errorf("bpf: attach XDP in %s mode to %s: %s: %w", mode, dev, hint, err)
+}
+
+// Frags reports whether the program was loaded frags-aware (Options.Frags).
+func (p *Program) Frags() bool { return p.frags }
+
+// KernelRelease is the running kernel's release (uname -r), for messages
+// that name the version a feature needs.
+func KernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "unknown"
+	}
+	return unix.ByteSliceToString(u.Release[:])
 }
 
 // Mode reports the mode the program is attached in (never ModeAuto).

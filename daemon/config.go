@@ -181,6 +181,9 @@ type Config struct {
 
 	// Frames is the UMEM frame count of each ring (default 4096).
 	Frames int
+	// FrameSize is each ring's buffer size, 2048 or 4096 (0, the
+	// default: ring.DefaultFrameSize of the interface's MTU).
+	FrameSize int
 	// XDPMode selects native or generic XDP (default: native, generic
 	// when the driver refuses).
 	XDPMode bpf.AttachMode
@@ -364,6 +367,9 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if c.Frames < 64 || c.Frames&(c.Frames-1) != 0 {
 		return r, fmt.Errorf("frames %d: must be a power of two, at least 64", c.Frames)
+	}
+	if c.FrameSize != 0 && c.FrameSize != 2048 && c.FrameSize != 4096 {
+		return r, fmt.Errorf("frame size %d: must be 2048 or 4096 (or 0: chosen from the interface MTU)", c.FrameSize)
 	}
 	if err := checkProvider(c.Provider); err != nil {
 		return r, err

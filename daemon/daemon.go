@@ -218,6 +218,7 @@ func (d *Daemon) openRings(adopt func(i int, it Interface) (*ring.Adoption, erro
 			Queue:            it.Queue,
 			Provider:         chooseProvider(rc.Provider, d.device(it.Name).rdma, rlog),
 			Frames:           rc.Frames,
+			FrameSize:        rc.FrameSize,
 			XDPMode:          rc.XDPMode,
 			CPUs:             cpus[k],
 			RealtimePriority: rc.EnginePriority,

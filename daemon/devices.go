@@ -94,6 +94,7 @@ func (d *Daemon) queryDevices(*session) (any, error) {
 			first = false
 			dd.Provider, dd.Mode, dd.ZeroCopy = caps.Provider, caps.Mode, caps.ZeroCopy
 			dd.DeviceMemory = caps.DeviceMemory
+			dd.MTU, dd.FrameSize, dd.MaxFrame, dd.MultiBuffer = ri.ring().MTU(), caps.FrameSize, caps.MaxFrame, caps.MultiBuffer
 			dd.HWTimestamps = ri.ring().HWTimestampMode().String()
 			if p := ri.ring().Program(); p != nil {
 				dd.XDPMode = p.Mode().String()

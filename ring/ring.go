@@ -63,7 +63,9 @@ type Config struct {
 	Fallback Fallback
 
 	// Frames and FrameSize size the provider's buffer pool (afxdp
-	// defaults: 4096 frames of 2048 bytes).
+	// defaults: 4096 frames; FrameSize 0 is DefaultFrameSize of the
+	// interface's MTU). An MTU whose frames do not fit one buffer makes
+	// the afxdp path use multi-buffer descriptor chains.
 	Frames, FrameSize int
 	// Copy selects zero-copy or copy mode (default: zero-copy when the
 	// driver supports it).
@@ -266,6 +268,10 @@ func Open(cfg Config) (_ *Ring, err error) {
 		cfg.Provider = DefaultProvider
 		r.cfg.Provider = DefaultProvider
 	}
+	if cfg.FrameSize == 0 {
+		cfg.FrameSize = DefaultFrameSize(r.mtu)
+		r.cfg.FrameSize = cfg.FrameSize
+	}
 	pc := PathConfig{Interface: cfg.Interface, Ifindex: r.ifindex, Queue: cfg.Queue, Queues: attrs.NumRxQueues, MaxFlows: cfg.MaxFlows,
 		MAC: r.mac, MTU: r.mtu, NS: r.ns, Frames: cfg.Frames, FrameSize: cfg.FrameSize, Copy: cfg.Copy,
 		XDPMode: cfg.XDPMode, DeviceMemory: cfg.DevMemTX, HWTimestamps: deviceStamps(cfg),
@@ -278,8 +284,9 @@ func Open(cfg Config) (_ *Ring, err error) {
 	}
 	cleanups = append(cleanups, func() { _ = r.closePaths() })
 	caps := r.prov.Caps()
-	if max := caps.FrameSize - 256 - 18; r.mtu > max {
-		return nil, fmt.Errorf("ring %s/%d: MTU %d is larger than a %d-byte frame can receive (max %d): lower the MTU or raise the frame size", cfg.Interface, cfg.Queue, r.mtu, caps.FrameSize, max)
+	if max := caps.MaxFrame - afxdp.FrameOverhead; r.mtu > max {
+		return nil, fmt.Errorf("ring %s/%d: MTU %d is larger than the %s path's %d-byte frames carry (max MTU %d): use --frame-size 4096 (MTUs up to %d in one buffer, larger ones in multi-buffer chains) or lower the MTU",
+			cfg.Interface, cfg.Queue, r.mtu, caps.Provider, caps.FrameSize, max, afxdp.MaxSingleBufferMTU(4096))
 	}
 	var hwWhy string
 	if r.hw, hwWhy, err = r.openHWClock(); err != nil {
@@ -306,7 +313,7 @@ func Open(cfg Config) (_ *Ring, err error) {
 		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
 	}
 	fields := []zap.Field{zap.String("provider", caps.Provider), zap.String("mode", caps.Mode), zap.Stringer("fallback", r.fb.mode), zap.Int("mtu", r.mtu),
-		zap.Int("frames", caps.RXFrames+caps.TXFrames), zap.Int("frame_size", caps.FrameSize)}
+		zap.Int("frames", caps.RXFrames+caps.TXFrames), zap.Int("frame_size", caps.FrameSize), zap.Bool("multi_buffer", caps.MultiBuffer)}
 	if prog := r.Program(); prog != nil && prog.FallbackReason() != nil {
 		fields = append(fields, zap.NamedError("native_xdp_refused", prog.FallbackReason()))
 	}
@@ -332,6 +339,21 @@ func Open(cfg Config) (_ *Ring, err error) {
 	r.startWatch()
 	return r, nil
 }
+
+// DefaultFrameSize is the frame size a ring uses when none is configured:
+// 2048 bytes while one such frame holds the interface's largest frame
+// (MTU 1774), else 4096 — one buffer up to MTU 3822, and above that the
+// shorter descriptor chains (three buffers at MTU 9000 instead of six).
+func DefaultFrameSize(mtu int) int {
+	if afxdp.NeedsMultiBuffer(mtu, 2048) {
+		return 4096
+	}
+	return 2048
+}
+
+// MTU returns the interface MTU the ring was opened for: what its paths,
+// header templates and fragmentation use.
+func (r *Ring) MTU() int { return r.mtu }
 
 // Doorbell is the waiter that wakes the sleeping engine; users write it
 // after queueing datagrams (clients receive its file descriptor).

@@ -29,7 +29,13 @@ type lab struct {
 
 func newLab(t *testing.T, cfg ring.Config) *lab {
 	t.Helper()
-	p := netlab.NewPair(t, netlab.Options{})
+	return newLabWith(t, netlab.Options{}, cfg)
+}
+
+// newLabWith is newLab on a pair made with opts (an MTU, say).
+func newLabWith(t *testing.T, opts netlab.Options, cfg ring.Config) *lab {
+	t.Helper()
+	p := netlab.NewPair(t, opts)
 	l := &lab{p: p}
 	cfg.Interface = p.A.Name
 	err := p.A.NS.Do(func() error {
@@ -87,35 +93,57 @@ func udpStat(t *testing.T, ns *netlab.NS, v6 bool, field string) uint64 {
 			}
 			return fmt.Errorf("Udp6%s not in snmp6", field)
 		}
-		f, err := os.Open("/proc/thread-self/net/snmp")
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		var names []string
-		s := bufio.NewScanner(f)
-		for s.Scan() {
-			fields := strings.Fields(s.Text())
-			if len(fields) == 0 || fields[0] != "Udp:" {
-				continue
-			}
-			if names == nil {
-				names = fields
-				continue
-			}
-			for i, n := range names {
-				if n == field {
-					val, err = strconv.ParseUint(fields[i], 10, 64)
-					return err
-				}
-			}
-		}
-		return fmt.Errorf("Udp %s not in snmp", field)
+		var err error
+		val, err = snmp4("Udp:", field)
+		return err
 	})
 	if err != nil {
 		t.Fatalf("read udp stat %s: %v", field, err)
 	}
 	return val
+}
+
+// ipStat reads a counter of the Ip line of /proc/net/snmp inside ns.
+func ipStat(t *testing.T, ns *netlab.NS, field string) uint64 {
+	t.Helper()
+	var val uint64
+	err := ns.Do(func() error {
+		var err error
+		val, err = snmp4("Ip:", field)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("read ip stat %s: %v", field, err)
+	}
+	return val
+}
+
+// snmp4 reads field of the proto line ("Udp:", "Ip:") of the calling
+// thread's /proc/net/snmp.
+func snmp4(proto, field string) (uint64, error) {
+	f, err := os.Open("/proc/thread-self/net/snmp")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	var names []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) == 0 || fields[0] != proto {
+			continue
+		}
+		if names == nil {
+			names = fields
+			continue
+		}
+		for i, n := range names {
+			if n == field {
+				return strconv.ParseUint(fields[i], 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("%s %s not in snmp", proto, field)
 }
 
 var sizes = []int{18, 1400, 8000}

@@ -3,6 +3,7 @@ package ring
 import (
 	"fmt"
 
+	"github.com/bypassd/bypassd/ring/afxdp"
 	"github.com/bypassd/bypassd/ring/qp"
 	taprov "github.com/bypassd/bypassd/ring/tap"
 	"github.com/bypassd/bypassd/tap"
@@ -20,7 +21,9 @@ func openTAPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	prov, err := taprov.New(dev, taprov.Config{FrameSize: pc.FrameSize, Frames: pc.Frames})
+	// TAP buffers are plain memory: one holds a whole frame of the
+	// interface's MTU whatever the fast path's frame size.
+	prov, err := taprov.New(dev, taprov.Config{FrameSize: max(pc.FrameSize, pc.MTU+afxdp.FrameOverhead), Frames: pc.Frames})
 	if err != nil {
 		return nil, nil, err
 	}

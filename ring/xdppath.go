@@ -18,11 +18,15 @@ func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	// An MTU whose frames do not fit one buffer needs the frags-aware
+	// program (and a multi-buffer socket, which afxdp.Open decides the
+	// same way).
+	multi := afxdp.NeedsMultiBuffer(pc.MTU, pc.FrameSize)
 	var sp *sharedProgram
 	if pc.Adopt != nil {
 		sp = adoptProgram(key, pc.Adopt)
 	} else {
-		sp, err = acquireProgram(key, bpf.Options{Mode: pc.XDPMode, RXTimestamps: pc.HWTimestamps, Queues: pc.Queues, MaxFlows: uint32(pc.MaxFlows)})
+		sp, err = acquireProgram(key, bpf.Options{Mode: pc.XDPMode, RXTimestamps: pc.HWTimestamps, Queues: pc.Queues, MaxFlows: uint32(pc.MaxFlows), Frags: multi})
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("attach XDP program: %w", err)
@@ -34,7 +38,7 @@ func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	}()
 	prog := sp.prog
 	sock, err := afxdp.Open(afxdp.Config{Ifindex: pc.Ifindex, IfName: pc.Interface, Queue: pc.Queue,
-		Frames: pc.Frames, FrameSize: pc.FrameSize, Copy: pc.Copy, XDPMode: prog.Mode().String(),
+		Frames: pc.Frames, FrameSize: pc.FrameSize, MTU: pc.MTU, Copy: pc.Copy, XDPMode: prog.Mode().String(),
 		DeviceMemory: pc.DeviceMemory, RXMetadata: prog.RXTimestamps()})
 	if err != nil {
 		return nil, nil, err

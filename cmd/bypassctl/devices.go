@@ -63,6 +63,11 @@ func printDevices(w io.Writer, doc any) error {
 		if d.XDPMode != "" {
 			row("XDP", "%s", d.XDPMode)
 		}
+		chains := "no (one buffer per frame)"
+		if d.MultiBuffer {
+			chains = fmt.Sprintf("yes (frames up to %d bytes in chains of buffers)", d.MaxFrame)
+		}
+		row("MTU", "%d, frame size %d, multi-buffer %s", d.MTU, d.FrameSize, chains)
 		if d.Pacing == "hardware" {
 			row("pacing", "hardware, %d..%d kbit/s", d.PacingMinKbps, d.PacingMaxKbps)
 		} else {

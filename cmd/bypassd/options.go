@@ -128,6 +128,19 @@ var settings = []setting{
 	{name: "frames", arg: "N", def: strconv.Itoa(daemon.DefaultFrames),
 		usage: "UMEM frames per ring (power of two, at least 64)",
 		apply: func(o *options, v string) (err error) { o.cfg.Frames, err = parseCount(v); return err }},
+	{name: "frame-size", arg: "BYTES", def: "auto",
+		usage: "ring buffer size: 2048 or 4096 (auto: 2048 up to MTU 1774, else 4096; MTUs over 3822 use multi-buffer chains)",
+		apply: func(o *options, v string) (err error) {
+			if v == "auto" {
+				o.cfg.FrameSize = 0
+				return nil
+			}
+			o.cfg.FrameSize, err = strconv.Atoi(v)
+			if err == nil && o.cfg.FrameSize != 2048 && o.cfg.FrameSize != 4096 {
+				err = fmt.Errorf("%s: use 2048, 4096 or auto", v)
+			}
+			return err
+		}},
 	{name: "provider", arg: "NAME", def: daemon.ProviderAuto,
 		usage: "ring provider: auto (verbs on an RDMA port when built with -tags verbs, else afxdp), afxdp, verbs or tap",
 		apply: func(o *options, v string) error { o.cfg.Provider = v; return nil }},

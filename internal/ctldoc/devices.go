@@ -50,6 +50,13 @@ type DeviceDoc struct {
 	// them yet); NtupleNote why not, when not.
 	Ntuple     bool   `json:"ntuple"`
 	NtupleNote string `json:"ntuple_note,omitempty"`
+	// MTU is the interface MTU the rings serve; FrameSize their buffer
+	// size; MaxFrame the largest frame they carry; MultiBuffer whether
+	// frames larger than a buffer travel as descriptor chains.
+	MTU         int  `json:"mtu"`
+	FrameSize   int  `json:"frame_size"`
+	MaxFrame    int  `json:"max_frame"`
+	MultiBuffer bool `json:"multi_buffer"`
 
 	// Pacing is "hardware" (with the device's range in kbit/s) or
 	// "software" (the engine's scheduler).

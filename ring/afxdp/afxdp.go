@@ -54,8 +54,13 @@ type Config struct {
 	IfName string
 	Queue  int
 	// FrameSize is the UMEM chunk size: 2048 or 4096 (default 2048). The
-	// largest receivable frame is FrameSize-256 (XDP headroom).
+	// largest frame one chunk receives is FrameSize-256 (XDP headroom).
 	FrameSize int
+	// MTU is the interface's MTU. When its largest frame (MTU+18) does not
+	// fit one chunk the socket is bound multi-buffer (XDP_USE_SG, Linux
+	// 6.6) and frames travel as descriptor chains (see chain.go); 0 means
+	// what one chunk holds.
+	MTU int
 	// Frames is the total number of UMEM frames, a power of two (default
 	// 4096); half receive, half send.
 	Frames int
@@ -98,6 +103,22 @@ func (c *Config) setDefaults() error {
 	if c.RingSize < 32 || c.RingSize&(c.RingSize-1) != 0 {
 		return fmt.Errorf("ring size %d: must be a power of two >= 32", c.RingSize)
 	}
+	if c.MTU < 0 {
+		return fmt.Errorf("MTU %d: must be positive", c.MTU)
+	}
+	if c.MTU == 0 {
+		c.MTU = MaxSingleBufferMTU(c.FrameSize)
+	}
+	if NeedsMultiBuffer(c.MTU, c.FrameSize) {
+		rx, tx := segsFor(c.MTU+FrameOverhead, c.FrameSize-rxHeadroom), segsFor(c.MTU+FrameOverhead, c.FrameSize)
+		if rx > maxSegs || tx > maxSegs {
+			return fmt.Errorf("MTU %d needs chains of %d buffers of %d bytes per frame, AF_XDP takes at most %d: use --frame-size 4096 (chains up to MTU %d)",
+				c.MTU, max(rx, tx), c.FrameSize, maxSegs, maxSegs*(4096-rxHeadroom)-FrameOverhead)
+		}
+		if c.RingSize < 2*maxSegs {
+			return fmt.Errorf("ring size %d: too small for chains of up to %d descriptors", c.RingSize, maxSegs)
+		}
+	}
 	if c.DeviceMemory < 0 {
 		return fmt.Errorf("device memory %d bytes: must be 0 (none) or positive", c.DeviceMemory)
 	}
@@ -120,6 +141,20 @@ type Socket struct {
 	fill, comp *addrRing
 	rx, tx     *descRing
 
+	// Multi-buffer (chain.go): multi is set when frames need chains.
+	// rxLim bounds receive chains, rxLinear holds linearized frames (one
+	// buffer per burst slot, reused), rxSkip is set while the rest of a
+	// dropped chain is still to be skipped. TX buffers are slots of
+	// txSegs contiguous chunks from txBase; slotSegs is how many
+	// descriptors each posted slot used, so Complete knows its last.
+	multi    bool
+	rxLim    chainLimits
+	rxLinear [][]byte
+	rxSkip   bool
+	txBase   uint64
+	txSlot   uint64
+	slotSegs []uint8
+
 	// free holds the unused TX frames of the UMEM.
 	free qp.TXPool
 	// stageBase is where the staging chunks start (the end of the pools);
@@ -138,6 +173,10 @@ type Socket struct {
 	// rxMeta counts frames that carried the program's metadata, rxStamped
 	// those with a hardware timestamp in it.
 	rxMeta, rxStamped atomic.Uint64
+	// rxBadChains counts receive chains dropped as malformed or too long.
+	rxBadChains atomic.Uint64
+	// rxChained and txChained count frames moved as chains.
+	rxChained, txChained atomic.Uint64
 
 	pollFds [2]unix.PollFd
 }
@@ -152,6 +191,10 @@ func Open(cfg Config) (*Socket, error) {
 	}
 	if cfg.Queue < 0 {
 		return nil, fmt.Errorf("afxdp %s: queue %d: queue ids are >= 0", cfg.IfName, cfg.Queue)
+	}
+	if NeedsMultiBuffer(cfg.MTU, cfg.FrameSize) && !kernelAtLeast(6, 6) {
+		return nil, fmt.Errorf("afxdp %s queue %d: MTU %d does not fit a %d-byte frame, and AF_XDP multi-buffer (XDP_USE_SG) needs Linux 6.6+ (this kernel is %s): "+
+			"use --frame-size 4096 (MTUs up to %d in one buffer) or lower the MTU", cfg.IfName, cfg.Queue, cfg.MTU, cfg.FrameSize, bpf.KernelRelease(), MaxSingleBufferMTU(4096))
 	}
 	zc := cfg.Copy != CopyForce
 	s, err := open(cfg, zc)
@@ -172,7 +215,7 @@ func open(cfg Config, zeroCopy bool) (_ *Socket, err error) {
 		}
 		return nil, fmt.Errorf("create AF_XDP socket: %w (needs CAP_NET_RAW)", err)
 	}
-	s := &Socket{cfg: cfg, fd: fd, zeroCopy: zeroCopy}
+	s := &Socket{cfg: cfg, fd: fd, zeroCopy: zeroCopy, multi: NeedsMultiBuffer(cfg.MTU, cfg.FrameSize)}
 	defer func() {
 		if err != nil {
 			s.release()
@@ -235,12 +278,12 @@ func open(cfg Config, zeroCopy bool) (_ *Socket, err error) {
 	}
 	s.fill.cachedProd = uint32(s.rxFrames)
 	s.fill.publishProducer(s.fill.cachedProd)
-	s.free = qp.NewTXPool(s.umem, cfg.FrameSize, cfg.Frames-s.rxFrames)
-	for i := cfg.Frames - 1; i >= s.rxFrames; i-- {
-		s.free.Put(uint64(i) * fs)
-	}
+	s.initPools()
 
 	flags := uint16(unix.XDP_USE_NEED_WAKEUP)
+	if s.multi {
+		flags |= unix.XDP_USE_SG
+	}
 	if zeroCopy {
 		flags |= unix.XDP_ZEROCOPY
 	} else {
@@ -271,6 +314,9 @@ func bindError(cfg Config, zeroCopy bool, err error) error {
 		mode = "zero-copy"
 	}
 	switch {
+	case NeedsMultiBuffer(cfg.MTU, cfg.FrameSize) && (errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP)):
+		return fmt.Errorf("bind %s mode with multi-buffer (XDP_USE_SG, for MTU %d over %d-byte frames): %w (the kernel or driver refused chains: needs Linux 6.6+ and, for zero-copy, a driver with multi-buffer support; "+
+			"else use --frame-size 4096 for MTUs up to %d or lower the MTU; or queue %d does not exist on %s)", mode, cfg.MTU, cfg.FrameSize, err, MaxSingleBufferMTU(4096), cfg.Queue, cfg.IfName)
 	case errors.Is(err, unix.EOPNOTSUPP) && zeroCopy:
 		return fmt.Errorf("bind %s mode: %w (the driver has no AF_XDP zero-copy support; allow copy mode)", mode, err)
 	case errors.Is(err, unix.EINVAL):
@@ -305,6 +351,8 @@ func (s *Socket) Caps() qp.Caps {
 		Mode:         mode,
 		ZeroCopy:     s.zeroCopy,
 		FrameSize:    s.cfg.FrameSize,
+		MaxFrame:     s.maxFrame(),
+		MultiBuffer:  s.multi,
 		RXFrames:     s.rxFrames,
 		TXFrames:     s.cfg.Frames - s.rxFrames,
 		DeviceMemory: s.cfg.DeviceMemory,
@@ -318,6 +366,9 @@ func (s *Socket) FD() int { return s.fd }
 
 // RXBurst implements qp.Provider.
 func (s *Socket) RXBurst(frames []qp.Frame) int {
+	if s.multi {
+		return s.rxChains(frames)
+	}
 	n := s.rx.available(&s.rx.cachedProd, s.rx.cachedCons)
 	n = min(n, uint32(len(frames)))
 	if n == 0 {
@@ -398,10 +449,15 @@ func (s *Socket) ReleaseRX(frames []qp.Frame) {
 	}
 	mask := ^uint64(s.cfg.FrameSize - 1)
 	prod := s.fill.cachedProd
+	k := uint32(0)
 	for i := uint32(0); i < n; i++ {
-		s.fill.addrs[(prod+i)&s.fill.mask] = frames[i].Handle & mask
+		if frames[i].Handle == linearHandle {
+			continue // refilled when it was linearized
+		}
+		s.fill.addrs[(prod+k)&s.fill.mask] = frames[i].Handle & mask
+		k++
 	}
-	s.fill.cachedProd = prod + n
+	s.fill.cachedProd = prod + k
 	s.fill.publishProducer(s.fill.cachedProd)
 	if s.zeroCopy && s.fill.needWakeup() {
 		s.kickRX()
@@ -434,6 +490,9 @@ func (s *Socket) FreeTX(frames []qp.Frame) {
 func (s *Socket) TXBurst(frames []qp.Frame) (int, error) {
 	if s.closed {
 		return 0, qp.ErrClosed
+	}
+	if s.multi {
+		return s.txChains(frames)
 	}
 	n := s.tx.freeSlots(s.tx.cachedProd, &s.tx.cachedCons, uint32(len(frames)))
 	n = min(n, uint32(len(frames)))
@@ -507,6 +566,10 @@ func (s *Socket) Complete() int {
 				if s.released != nil {
 					s.released(int(addr - s.stageBase))
 				}
+				continue
+			}
+			if s.multi {
+				s.completeChunk(addr)
 				continue
 			}
 			s.free.Put(addr)
@@ -588,11 +651,14 @@ func (s *Socket) alive() error {
 // Stats implements qp.Provider.
 func (s *Socket) Stats() qp.Stats {
 	st := qp.Stats{
-		RXPackets:  s.rxPackets.Load(),
-		TXPackets:  s.txPackets.Load(),
-		FillEmpty:  s.fillEmpty.Load(),
-		TXNoBuffer: s.txNoBuffer.Load(),
-		Kicks:      s.kicks.Load(),
+		RXPackets:   s.rxPackets.Load(),
+		TXPackets:   s.txPackets.Load(),
+		FillEmpty:   s.fillEmpty.Load(),
+		TXNoBuffer:  s.txNoBuffer.Load(),
+		Kicks:       s.kicks.Load(),
+		RXBadChains: s.rxBadChains.Load(),
+		RXChains:    s.rxChained.Load(),
+		TXChains:    s.txChained.Load(),
 	}
 	var xs unix.XDPStatistics
 	optlen := uint32(unsafe.Sizeof(xs))

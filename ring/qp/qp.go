@@ -61,6 +61,16 @@ type Caps struct {
 	// FrameSize is the capacity of one buffer; the largest frame that can be
 	// sent or received in one descriptor.
 	FrameSize int
+	// MaxFrame is the largest Ethernet frame (headers included, no FCS)
+	// one Frame carries in either direction: a buffer less its headroom,
+	// or, with MultiBuffer, the chain of buffers an MTU-sized frame
+	// needs. The ring refuses an interface whose MTU does not fit.
+	MaxFrame int
+	// MultiBuffer reports that frames larger than one buffer travel as
+	// descriptor chains (AF_XDP XDP_USE_SG); the provider linearizes them
+	// on receive and splits them on transmit, so Frames stay one buffer
+	// each for the engine.
+	MultiBuffer bool
 	// RXFrames and TXFrames are the buffer counts reserved for each direction.
 	RXFrames, TXFrames int
 	// RateLimit describes hardware pacing; nil means the engine paces in
@@ -96,6 +106,13 @@ type Stats struct {
 	Kicks uint64
 	// InvalidDescs counts descriptors the kernel rejected (RX and TX).
 	InvalidDescs uint64
+	// RXBadChains counts received multi-buffer frames dropped because
+	// their descriptor chain was malformed or longer than any frame of
+	// the interface's MTU (Caps.MultiBuffer only).
+	RXBadChains uint64
+	// RXChains and TXChains count frames that travelled as descriptor
+	// chains (more than one buffer).
+	RXChains, TXChains uint64
 }
 
 // Provider is a raw queue pair on one (interface, queue): a receive ring

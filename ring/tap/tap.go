@@ -87,7 +87,7 @@ func (p *Provider) Device() *tapdev.Device { return p.dev }
 
 // Caps implements qp.Provider.
 func (p *Provider) Caps() qp.Caps {
-	return qp.Caps{Provider: Name, Mode: "tap " + p.dev.Name(), FrameSize: p.frameSize,
+	return qp.Caps{Provider: Name, Mode: "tap " + p.dev.Name(), FrameSize: p.frameSize, MaxFrame: p.frameSize,
 		RXFrames: p.rxFrames, TXFrames: len(p.bufs)/p.frameSize - p.rxFrames}
 }
 

@@ -368,6 +368,7 @@ func (p *Provider) Caps() qp.Caps {
 		Mode:         fmt.Sprintf("raw-packet %s:%d", p.bind.Device, p.bind.Port),
 		ZeroCopy:     true,
 		FrameSize:    p.cfg.FrameSize,
+		MaxFrame:     p.cfg.FrameSize,
 		RXFrames:     p.sizes.RXFrames,
 		TXFrames:     p.sizes.TXFrames,
 		RateLimit:    p.caps.RateLimitCaps(),
