@@ -162,6 +162,10 @@ type engine struct {
 	// shortened for a departure is meant to end (0: it was not).
 	paceSpin time.Duration
 	paceWake int64
+
+	// switches is the fallback's path switch count the templates were
+	// built under (mtu.go).
+	switches uint64
 }
 
 // pruneTemplates forgets the templates of endpoints no longer bound.
@@ -230,6 +234,9 @@ func (e *engine) iterate(t *table) (int, error) {
 		e.gen = g
 		clear(e.dests)
 		clear(e.tmpls)
+		e.checkMTU()
+	} else if e.pathSwitched() {
+		clear(e.tmpls) // built for the other path's largest frame
 	}
 	if t != e.lastTable {
 		e.pruneTemplates(t)
@@ -701,7 +708,9 @@ func (e *engine) template(ep *Endpoint, dst netip.AddrPort) (*packet.Template, *
 	if dst.Addr().IsMulticast() {
 		to.TTL = opts.MulticastTTL
 	}
-	tmpl, err := packet.NewTemplate(d.next.SrcMAC, d.next.DstMAC, src, dst, d.next.MTU, to)
+	// Datagrams are cut at the route's MTU, and never larger than the
+	// ring's frames carry (an interface MTU raised beyond them, mtu.go).
+	tmpl, err := packet.NewTemplate(d.next.SrcMAC, d.next.DstMAC, src, dst, min(d.next.MTU, e.r.maxMTU()), to)
 	if err != nil {
 		e.r.log.Warn("cannot build header template", zap.Stringer("dst", dst), zap.Error(err))
 		return nil, d, true

@@ -364,6 +364,12 @@ func (r *Ring) restore() error {
 			r.log.Debug("closing the lost fast path", zap.Error(err))
 		}
 	}
+	// The interface's MTU may have changed since the path was opened
+	// (the reason it was lost, mtu.go): open it for the MTU of now.
+	fs.pc.MTU = r.MTU()
+	if r.frameAuto {
+		fs.pc.FrameSize = DefaultFrameSize(fs.pc.MTU)
+	}
 	var p path
 	err := inNS(r.ns, func() error {
 		var err error

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/ring"
 )
@@ -39,6 +40,11 @@ func TestJumbo(t *testing.T) {
 			caps := l.r.Caps()
 			if caps.MultiBuffer != tc.multi {
 				t.Fatalf("MTU %d, frame size %d: multi-buffer %v, want %v (caps %+v)", tc.mtu, caps.FrameSize, caps.MultiBuffer, tc.multi, caps)
+			}
+			// On 6.18, veth takes the frags-aware program natively at
+			// any MTU (a plain one is refused above about 3,500: ERANGE).
+			if prog := l.r.Program(); prog == nil || !prog.Frags() || prog.Mode() != bpf.ModeNative {
+				t.Errorf("XDP program %+v: want frags-aware in native mode", prog)
 			}
 			if l.r.MTU() != tc.mtu {
 				t.Fatalf("ring MTU %d, want %d", l.r.MTU(), tc.mtu)

@@ -157,10 +157,15 @@ type Ring struct {
 	cfg     Config
 	log     *zap.Logger
 	ifindex int
-	mtu     int
-	mac     net.HardwareAddr
-	ns      netns.NsHandle
-	prov    qp.Provider
+	// mtu is the interface MTU the ring serves: read at Open, followed at
+	// run time (mtu.go).
+	mtu atomic.Int64
+	// frameAuto: the frame size was chosen from the MTU (Config.FrameSize
+	// 0), so a re-opened fast path chooses again.
+	frameAuto bool
+	mac       net.HardwareAddr
+	ns        netns.NsHandle
+	prov      qp.Provider
 	// fb holds the ring's paths: the fast path and the TAP fallback.
 	fb  fallbackState
 	hw  *hwClock // nil: no hardware timestamps
@@ -257,7 +262,9 @@ func Open(cfg Config) (_ *Ring, err error) {
 		return nil, fmt.Errorf("ring %s/%d: no interface %q in this network namespace: %w (check `ip link`)", cfg.Interface, cfg.Queue, cfg.Interface, err)
 	}
 	attrs := link.Attrs()
-	r.ifindex, r.mtu, r.mac = attrs.Index, attrs.MTU, attrs.HardwareAddr
+	r.ifindex, r.mac = attrs.Index, attrs.HardwareAddr
+	mtu := attrs.MTU
+	r.mtu.Store(int64(mtu))
 	if cfg.Queue < 0 || (attrs.NumRxQueues > 0 && cfg.Queue >= attrs.NumRxQueues) {
 		return nil, fmt.Errorf("ring %s/%d: interface %s has %d receive queue(s): queue %d does not exist", cfg.Interface, cfg.Queue, cfg.Interface, attrs.NumRxQueues, cfg.Queue)
 	}
@@ -269,11 +276,11 @@ func Open(cfg Config) (_ *Ring, err error) {
 		r.cfg.Provider = DefaultProvider
 	}
 	if cfg.FrameSize == 0 {
-		cfg.FrameSize = DefaultFrameSize(r.mtu)
+		cfg.FrameSize, r.frameAuto = DefaultFrameSize(mtu), true
 		r.cfg.FrameSize = cfg.FrameSize
 	}
 	pc := PathConfig{Interface: cfg.Interface, Ifindex: r.ifindex, Queue: cfg.Queue, Queues: attrs.NumRxQueues, MaxFlows: cfg.MaxFlows,
-		MAC: r.mac, MTU: r.mtu, NS: r.ns, Frames: cfg.Frames, FrameSize: cfg.FrameSize, Copy: cfg.Copy,
+		MAC: r.mac, MTU: mtu, NS: r.ns, Frames: cfg.Frames, FrameSize: cfg.FrameSize, Copy: cfg.Copy,
 		XDPMode: cfg.XDPMode, DeviceMemory: cfg.DevMemTX, HWTimestamps: deviceStamps(cfg),
 		Log: r.log}
 	if cfg.Adopt != nil {
@@ -284,9 +291,9 @@ func Open(cfg Config) (_ *Ring, err error) {
 	}
 	cleanups = append(cleanups, func() { _ = r.closePaths() })
 	caps := r.prov.Caps()
-	if max := caps.MaxFrame - afxdp.FrameOverhead; r.mtu > max {
+	if max := caps.MaxFrame - afxdp.FrameOverhead; mtu > max {
 		return nil, fmt.Errorf("ring %s/%d: MTU %d is larger than the %s path's %d-byte frames carry (max MTU %d): use --frame-size 4096 (MTUs up to %d in one buffer, larger ones in multi-buffer chains) or lower the MTU",
-			cfg.Interface, cfg.Queue, r.mtu, caps.Provider, caps.FrameSize, max, afxdp.MaxSingleBufferMTU(4096))
+			cfg.Interface, cfg.Queue, mtu, caps.Provider, caps.FrameSize, max, afxdp.MaxSingleBufferMTU(4096))
 	}
 	var hwWhy string
 	if r.hw, hwWhy, err = r.openHWClock(); err != nil {
@@ -312,7 +319,7 @@ func Open(cfg Config) (_ *Ring, err error) {
 	if err = r.eng.initStaging(); err != nil {
 		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
 	}
-	fields := []zap.Field{zap.String("provider", caps.Provider), zap.String("mode", caps.Mode), zap.Stringer("fallback", r.fb.mode), zap.Int("mtu", r.mtu),
+	fields := []zap.Field{zap.String("provider", caps.Provider), zap.String("mode", caps.Mode), zap.Stringer("fallback", r.fb.mode), zap.Int("mtu", mtu),
 		zap.Int("frames", caps.RXFrames+caps.TXFrames), zap.Int("frame_size", caps.FrameSize), zap.Bool("multi_buffer", caps.MultiBuffer)}
 	if prog := r.Program(); prog != nil && prog.FallbackReason() != nil {
 		fields = append(fields, zap.NamedError("native_xdp_refused", prog.FallbackReason()))
@@ -353,7 +360,7 @@ func DefaultFrameSize(mtu int) int {
 
 // MTU returns the interface MTU the ring was opened for: what its paths,
 // header templates and fragmentation use.
-func (r *Ring) MTU() int { return r.mtu }
+func (r *Ring) MTU() int { return int(r.mtu.Load()) }
 
 // Doorbell is the waiter that wakes the sleeping engine; users write it
 // after queueing datagrams (clients receive its file descriptor).

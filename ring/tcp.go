@@ -47,7 +47,9 @@ func (r *Ring) TCPStack() (*tcpstack.Stack, error) {
 	if s := r.tcp.stack.Load(); s != nil {
 		return s, nil
 	}
-	s, err := tcpstack.New(tcpstack.Config{MTU: r.mtu, Log: r.log, CongestionControl: r.cfg.TCPCongestion, Wake: func() {
+	// Segments leave as single frames: the MSS follows the interface MTU
+	// as far as the ring's frames carry it (mtu.go).
+	s, err := tcpstack.New(tcpstack.Config{MTU: min(r.MTU(), r.maxMTU()), Log: r.log, CongestionControl: r.cfg.TCPCongestion, Wake: func() {
 		if r.sleeping.Load() {
 			_ = r.doorbell.Wake()
 		}

@@ -20,13 +20,17 @@ func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	}
 	// An MTU whose frames do not fit one buffer needs the frags-aware
 	// program (and a multi-buffer socket, which afxdp.Open decides the
-	// same way).
-	multi := afxdp.NeedsMultiBuffer(pc.MTU, pc.FrameSize)
+	// same way). Where the kernel has multi-buffer AF_XDP the program is
+	// frags-aware anyway (unless hardware timestamps want the device-bound
+	// variant): a driver then accepts native XDP at any MTU (veth refuses
+	// a plain program when the peer's MTU exceeds about 3,500, ERANGE) and
+	// the MTU can be raised later without detaching it (mtu.go).
+	frags := afxdp.NeedsMultiBuffer(pc.MTU, pc.FrameSize) || !pc.HWTimestamps && afxdp.MultiBufferKernel()
 	var sp *sharedProgram
 	if pc.Adopt != nil {
 		sp = adoptProgram(key, pc.Adopt)
 	} else {
-		sp, err = acquireProgram(key, bpf.Options{Mode: pc.XDPMode, RXTimestamps: pc.HWTimestamps, Queues: pc.Queues, MaxFlows: uint32(pc.MaxFlows), Frags: multi})
+		sp, err = acquireProgram(key, bpf.Options{Mode: pc.XDPMode, RXTimestamps: pc.HWTimestamps, Queues: pc.Queues, MaxFlows: uint32(pc.MaxFlows), Frags: frags})
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("attach XDP program: %w", err)

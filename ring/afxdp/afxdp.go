@@ -192,7 +192,7 @@ func Open(cfg Config) (*Socket, error) {
 	if cfg.Queue < 0 {
 		return nil, fmt.Errorf("afxdp %s: queue %d: queue ids are >= 0", cfg.IfName, cfg.Queue)
 	}
-	if NeedsMultiBuffer(cfg.MTU, cfg.FrameSize) && !kernelAtLeast(6, 6) {
+	if NeedsMultiBuffer(cfg.MTU, cfg.FrameSize) && !MultiBufferKernel() {
 		return nil, fmt.Errorf("afxdp %s queue %d: MTU %d does not fit a %d-byte frame, and AF_XDP multi-buffer (XDP_USE_SG) needs Linux 6.6+ (this kernel is %s): "+
 			"use --frame-size 4096 (MTUs up to %d in one buffer) or lower the MTU", cfg.IfName, cfg.Queue, cfg.MTU, cfg.FrameSize, bpf.KernelRelease(), MaxSingleBufferMTU(4096))
 	}

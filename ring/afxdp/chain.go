@@ -310,6 +310,10 @@ func (s *Socket) completeChunk(addr uint64) {
 	}
 }
 
+// MultiBufferKernel reports whether the running kernel has multi-buffer
+// AF_XDP (XDP_USE_SG, Linux 6.6).
+func MultiBufferKernel() bool { return kernelAtLeast(6, 6) }
+
 // kernelAtLeast reports whether the running kernel is at least major.minor.
 func kernelAtLeast(major, minor int) bool {
 	var u unix.Utsname

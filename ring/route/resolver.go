@@ -208,6 +208,14 @@ func (r *Resolver) name() string        { return *r.ifname.Load() }
 // differs. It is one atomic load.
 func (r *Resolver) Generation() uint64 { return r.gen.Load() }
 
+// LinkMTU is the interface's MTU as last notified (a change bumps the
+// generation).
+func (r *Resolver) LinkMTU() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.self.mtu
+}
+
 // Close stops the notification goroutine and releases the netlink sockets.
 // Resolve calls waiting for a neighbour return an error. Close is idempotent.
 func (r *Resolver) Close() error {
