@@ -65,7 +65,7 @@ func TestJumbo(t *testing.T) {
 				_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
 				n, from, err := peer.ReadFromUDPAddrPort(buf)
 				if err != nil {
-					t.Fatalf("%d bytes ring to kernel: %v (ring stats %+v, provider %+v)", size, err, l.r.Stats(), l.r.ProviderStats())
+					t.Fatalf("%d bytes ring to kernel: %v (provider %+v)", size, err, l.r.ProviderStats())
 				}
 				if !bytes.Equal(buf[:n], want) || from.Port() != ep.LocalAddr().Port() {
 					t.Fatalf("%d bytes ring to kernel: got %d bytes from %v", size, n, from)
@@ -84,7 +84,7 @@ func TestJumbo(t *testing.T) {
 				}
 				n, from, err = ep.Recv(buf, time.Now().Add(5*time.Second))
 				if err != nil {
-					t.Fatalf("%d bytes kernel to ring: %v (ring stats %+v, provider %+v, reassembly %+v)", size, err, l.r.Stats(), l.r.ProviderStats(), l.r.ReassemblyStats())
+					t.Fatalf("%d bytes kernel to ring: %v (provider %+v, reassembly %+v)", size, err, l.r.ProviderStats(), l.r.ReassemblyStats())
 				}
 				if !bytes.Equal(buf[:n], want) || from != peerAddr {
 					t.Fatalf("%d bytes kernel to ring: got %d bytes from %v", size, n, from)

@@ -40,8 +40,9 @@ func exchange(t *testing.T, l *lab, ep *ring.Endpoint, peer *net.UDPConn, size i
 	deadline := time.Now().Add(within)
 	for {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d-byte datagrams did not get through within %v (MTU %d; ring %+v; provider %+v; fallback %+v)",
-				size, within, l.r.MTU(), l.r.Stats(), l.r.ProviderStats(), l.r.FallbackStats())
+			st := l.r.Stats()
+			t.Fatalf("%d-byte datagrams did not get through within %v (MTU %d; ring rx %d tx %d tx errors %d; provider %+v; fallback %+v)",
+				size, within, l.r.MTU(), st.RXPackets.Load(), st.TXPackets.Load(), st.TXErrors.Load(), l.r.ProviderStats(), l.r.FallbackStats())
 		}
 		reasm := ipStat(t, l.p.B.NS, "ReasmReqds")
 		if err := ep.Send(want, peerAddr, time.Time{}); err != nil {
@@ -158,5 +159,6 @@ func TestMTUChange(t *testing.T) {
 	if fb.Plugouts != 1 || fb.Plugins != 1 || fb.OnTAP {
 		t.Errorf("fallback %+v: want one re-open for the raised MTU (1 plug-out, 1 plug-in) and the fast path in use", fb)
 	}
-	t.Logf("background datagrams received: %d; fallback %+v; ring %+v", received.Load(), fb, l.r.Stats())
+	st := l.r.Stats()
+	t.Logf("background datagrams received: %d; fallback %+v; ring rx %d tx %d (%d fragments)", received.Load(), fb, st.RXPackets.Load(), st.TXPackets.Load(), st.TXFragments.Load())
 }

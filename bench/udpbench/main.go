@@ -50,6 +50,10 @@ type options struct {
 	tsCmp bool
 	// tapCmp adds the ring cases on the TAP fallback path.
 	tapCmp bool
+	// mtu is the lab pair's MTU (0: 1500); bulk prints throughput in
+	// Gbit/s and CPU per GB (jumbo.go).
+	mtu  int
+	bulk bool
 }
 
 func main() {
@@ -67,6 +71,8 @@ func main() {
 	flag.BoolVar(&o.tapCmp, "tap-cmp", false, "also run the ring cases on the TAP path (tx-ring-tap, rx-ring-tap: --fallback tap) and print them next to afxdp and the kernel")
 	flag.BoolVar(&o.split, "split", true, "senders on CPU 0, the receiving side (threaded NAPI, receiver) on CPU 1")
 	queues := flag.String("queues", "", "instead of the cases above, compare ring and kernel on veth pairs with these queue counts (e.g. 1,2,4): RX of 64 flows at one paced offered load (-rate, default 0.2 Mpps), TX with a sender per queue")
+	flag.IntVar(&o.mtu, "mtu", 0, "MTU of the lab pair (0: 1500)")
+	flag.BoolVar(&o.bulk, "bulk", false, "print throughput in Gbit/s and sender CPU per GB (the jumbo-frame comparison) instead of the packet-rate table")
 	only := flag.String("only", "", "run only the cases whose name contains this, or one of these comma-separated strings (tx-kernel, tx-ring, tx-shim, rx-kernel, rx-ring, rx-shim)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
@@ -112,7 +118,7 @@ func run(o options) error {
 		return fmt.Errorf("needs root: %s", why)
 	}
 	// Static neighbours: the TX sink drops everything, ARP included.
-	p, err := netlab.CreatePair(netlab.Options{StaticNeigh: true})
+	p, err := netlab.CreatePair(netlab.Options{StaticNeigh: true, MTU: o.mtu})
 	if err != nil {
 		return err
 	}
@@ -209,6 +215,10 @@ func run(o options) error {
 			results[c.name] = append(results[c.name], s)
 			fmt.Fprintf(os.Stderr, "%-10s run %d: sent %.3f Mpps, delivered %.3f Mpps%s\n", c.name, i+1, s.sent/1e6, s.delivered/1e6, cpuNote(s))
 		}
+	}
+	if o.bulk {
+		reportBulk(o, results)
+		return nil
 	}
 	report(o, results)
 	reportStats(results)
@@ -348,7 +358,9 @@ func (b *bench) measureTX(sink *xdpSink, cpu int, send func() (int, error), sent
 		return sample{}, err
 	}
 	busy := float64(processCPU() - cpu0)
-	return sample{sent: float64(counted) / el, delivered: float64(after-before) / el, cpuPerPkt: busy / float64(max(counted, 1))}, nil
+	// The sink counts frames: a datagram larger than the MTU is several.
+	frames := float64(after-before) / float64(framesPerDatagram(b.o.size, b.p.A.MTU))
+	return sample{sent: float64(counted) / el, delivered: frames / el, cpuPerPkt: busy / float64(max(counted, 1))}, nil
 }
 
 // processCPU returns the user and system CPU time of the whole process, in

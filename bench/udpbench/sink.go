@@ -6,6 +6,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 )
 
 // xdpSink counts and drops every frame arriving on an interface with a tiny
@@ -38,7 +39,9 @@ func newXDPSink(ifindex int) (*xdpSink, error) {
 		asm.Mov.Imm(asm.R0, 1).WithSymbol("drop"), // XDP_DROP
 		asm.Return(),
 	}
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, Instructions: insns, License: "MIT"})
+	// Frags-aware, so that veth takes it natively whatever the MTU (a plain
+	// program is refused above about 3,500: ERANGE).
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, Instructions: insns, License: "MIT", Flags: unix.BPF_F_XDP_HAS_FRAGS})
 	if err != nil {
 		counts.Close()
 		return nil, fmt.Errorf("load sink program: %w", err)
