@@ -28,11 +28,11 @@ func setMTU(t *testing.T, p *netlab.Pair, mtu int) {
 	}
 }
 
-// exchange sends a size-byte datagram each way between ep and peer until
+// exchangeJumbo sends a size-byte datagram each way between ep and peer until
 // both arrive intact (datagrams may be lost while the ring re-opens its
 // fast path) and returns how many IP fragments the peer reassembled for
 // the last one it received.
-func exchange(t *testing.T, l *lab, ep *ring.Endpoint, peer *net.UDPConn, size int, within time.Duration) uint64 {
+func exchangeJumbo(t *testing.T, l *lab, ep *ring.Endpoint, peer *net.UDPConn, size int, within time.Duration) uint64 {
 	t.Helper()
 	want := payload(size, size)
 	buf := make([]byte, 70000)
@@ -120,7 +120,7 @@ func TestMTUChange(t *testing.T) {
 		}
 	}
 
-	if frags := exchange(t, l, ep, peer, 8972, 5*time.Second); frags != 7 {
+	if frags := exchangeJumbo(t, l, ep, peer, 8972, 5*time.Second); frags != 7 {
 		t.Errorf("MTU 1500: an 8972-byte datagram left as %d fragments, want 7", frags)
 	}
 	resumed("MTU 1500")
@@ -133,10 +133,10 @@ func TestMTUChange(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if frags := exchange(t, l, ep, peer, 8972, 15*time.Second); frags != 0 {
+	if frags := exchangeJumbo(t, l, ep, peer, 8972, 15*time.Second); frags != 0 {
 		t.Errorf("MTU 9000: an 8972-byte datagram left as %d fragments, want one frame", frags)
 	}
-	exchange(t, l, ep, peer, 65000, 5*time.Second)
+	exchangeJumbo(t, l, ep, peer, 65000, 5*time.Second)
 	resumed("MTU 9000")
 
 	setMTU(t, l.p, 1500)
@@ -147,7 +147,7 @@ func TestMTUChange(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if frags := exchange(t, l, ep, peer, 8972, 5*time.Second); frags != 7 {
+	if frags := exchangeJumbo(t, l, ep, peer, 8972, 5*time.Second); frags != 7 {
 		t.Errorf("back at MTU 1500: an 8972-byte datagram left as %d fragments, want 7", frags)
 	}
 	resumed("back at MTU 1500")
