@@ -14,7 +14,7 @@ import (
 func init() { RegisterProvider("verbs", openVerbsPath) }
 
 func openVerbsPath(pc PathConfig) (qp.Provider, qp.Steering, error) {
-	p, err := verbs.Open(verbs.Config{Interface: pc.Interface, Queue: pc.Queue, Frames: pc.Frames, FrameSize: pc.FrameSize,
+	p, err := verbs.Open(verbs.Config{Interface: pc.Interface, Queue: pc.Queue, Frames: pc.Frames, FrameSize: pc.FrameSize, MTU: pc.MTU,
 		NoTimestamps: !pc.HWTimestamps})
 	if err != nil {
 		return nil, nil, err

@@ -33,8 +33,11 @@ type Config struct {
 	Device string
 	Port   int
 	// Frames is the number of packet buffers, half for reception, half for
-	// transmission (default 4096); FrameSize their size (default 2048).
+	// transmission (default 4096); FrameSize their size (default 2048),
+	// raised to what a frame of MTU needs (RecvBufferSize).
 	Frames, FrameSize int
+	// MTU is the interface MTU (0: not checked); see mtu.go.
+	MTU int
 	// MaxPacedQueues bounds the extra send QPs SetRateLimit creates, one
 	// per paced send queue (default 64; each holds PacedDepth sends).
 	MaxPacedQueues int
@@ -56,8 +59,14 @@ func (c *Config) setDefaults() error {
 	if c.FrameSize == 0 {
 		c.FrameSize = 2048
 	}
-	if c.FrameSize < 256 || c.FrameSize > 16384 || c.FrameSize&(c.FrameSize-1) != 0 {
-		return fmt.Errorf("frame size %d: must be a power of two from 256 to 16384", c.FrameSize)
+	if c.FrameSize < 256 || c.FrameSize > maxFrameSize || c.FrameSize&(c.FrameSize-1) != 0 {
+		return fmt.Errorf("frame size %d: must be a power of two from 256 to %d", c.FrameSize, maxFrameSize)
+	}
+	if c.MTU > 0 {
+		var err error
+		if c.FrameSize, err = RecvBufferSize(c.MTU, c.FrameSize); err != nil {
+			return err
+		}
 	}
 	if c.MaxPacedQueues == 0 {
 		c.MaxPacedQueues = 64
@@ -263,6 +272,9 @@ func Open(cfg Config) (_ *Provider, err error) {
 	if !p.caps.RawPacket {
 		return nil, fmt.Errorf("RDMA device %s port %d has link layer %s: raw Ethernet QPs need an Ethernet port (use --provider=afxdp)",
 			p.bind.Device, p.bind.Port, p.caps.LinkLayer)
+	}
+	if err = CheckPortMTU(cfg.Interface, cfg.MTU, p.caps); err != nil {
+		return nil, err
 	}
 	if p.sizes, err = sizeQueues(cfg, p.caps); err != nil {
 		return nil, err
