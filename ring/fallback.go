@@ -723,6 +723,9 @@ func (fp *fallbackProvider) Stats() qp.Stats {
 		st.TXNoBuffer += ps.TXNoBuffer
 		st.Kicks += ps.Kicks
 		st.InvalidDescs += ps.InvalidDescs
+		st.RXBadChains += ps.RXBadChains
+		st.RXChains += ps.RXChains
+		st.TXChains += ps.TXChains
 	}
 	return st
 }

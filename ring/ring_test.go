@@ -1,7 +1,6 @@
 package ring_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -77,73 +75,25 @@ func payload(seq, n int) []byte {
 // inside ns.
 func udpStat(t *testing.T, ns *netlab.NS, v6 bool, field string) uint64 {
 	t.Helper()
-	var val uint64
-	err := ns.Do(func() error {
-		if v6 {
-			b, err := os.ReadFile("/proc/thread-self/net/snmp6")
-			if err != nil {
-				return err
-			}
-			for _, line := range strings.Split(string(b), "\n") {
-				f := strings.Fields(line)
-				if len(f) == 2 && f[0] == "Udp6"+field {
-					val, err = strconv.ParseUint(f[1], 10, 64)
-					return err
-				}
-			}
-			return fmt.Errorf("Udp6%s not in snmp6", field)
-		}
-		var err error
-		val, err = snmp4("Udp:", field)
-		return err
-	})
+	table := "Udp"
+	if v6 {
+		table, field = "", "Udp6"+field
+	}
+	v, err := ns.SNMPCounter(table, field)
 	if err != nil {
 		t.Fatalf("read udp stat %s: %v", field, err)
 	}
-	return val
+	return v
 }
 
 // ipStat reads a counter of the Ip line of /proc/net/snmp inside ns.
 func ipStat(t *testing.T, ns *netlab.NS, field string) uint64 {
 	t.Helper()
-	var val uint64
-	err := ns.Do(func() error {
-		var err error
-		val, err = snmp4("Ip:", field)
-		return err
-	})
+	v, err := ns.SNMPCounter("Ip", field)
 	if err != nil {
 		t.Fatalf("read ip stat %s: %v", field, err)
 	}
-	return val
-}
-
-// snmp4 reads field of the proto line ("Udp:", "Ip:") of the calling
-// thread's /proc/net/snmp.
-func snmp4(proto, field string) (uint64, error) {
-	f, err := os.Open("/proc/thread-self/net/snmp")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	var names []string
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		fields := strings.Fields(s.Text())
-		if len(fields) == 0 || fields[0] != proto {
-			continue
-		}
-		if names == nil {
-			names = fields
-			continue
-		}
-		for i, n := range names {
-			if n == field {
-				return strconv.ParseUint(fields[i], 10, 64)
-			}
-		}
-	}
-	return 0, fmt.Errorf("%s %s not in snmp", proto, field)
+	return v
 }
 
 var sizes = []int{18, 1400, 8000}

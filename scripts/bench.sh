@@ -35,5 +35,10 @@ echo
 echo "== TAP fallback: TAP path vs afxdp vs kernel (throughput, latency), plug-out switch time and loss"
 scripts/bench-tap.sh
 echo
+echo "== jumbo frames: 8000-byte UDP at MTU 1500 (6 fragments) vs 9000 (one frame, 3-buffer chains), kernel vs ring vs shim"
+for mtu in 1500 9000; do
+	go run ./bench/udpbench -bulk -mtu "$mtu" -size 8000 -stats-cmp=false -runs 5 -duration 2s
+done
+echo
 echo "== packet path micro-benchmarks (pacing: scheduler ns per paced datagram at 1, 1000, 10000 flows)"
 go test -run '^$' -bench . -benchmem ./ring/packet/ ./ring/reassembly/ ./ring/devmem/ ./ring/tsconv/ ./ring/pacing/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'
