@@ -333,7 +333,9 @@ func Open(cfg Config) (_ *Ring, err error) {
 			fields = append(fields, zap.NamedError("hw_ts_xdp_refused", prog.RXTimestampsRefused()))
 		}
 	}
-	r.inbox = newInbox(handoffSlots, caps.FrameSize)
+	// A slot holds the largest frame (a linearized chain with
+	// multi-buffer); pages of slots never written are never committed.
+	r.inbox = newInbox(handoffSlots, max(caps.FrameSize, caps.MaxFrame))
 	if err = r.joinGroup(); err != nil {
 		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
 	}

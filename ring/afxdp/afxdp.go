@@ -399,31 +399,44 @@ func (s *Socket) RXBurst(frames []qp.Frame) int {
 // value.
 func (s *Socket) readMeta(frames []qp.Frame) {
 	var meta, stamped uint64
-	fs := uint64(s.cfg.FrameSize)
 	for i := range frames {
-		addr := frames[i].Handle
-		tagAt := addr
-		if s.cfg.RXMetadata && addr%fs >= bpf.RXMetaSize {
-			m := s.umem[addr-bpf.RXMetaSize : addr]
-			if ts, status, ok := bpf.ParseRXMeta(m); ok {
-				meta++
-				clear(m)
-				if status == 0 && ts != 0 {
-					frames[i].HWTimestamp = ts
-					stamped++
-				}
-				tagAt = addr - bpf.RXMetaSize
-			}
-		}
-		if tagAt%fs < bpf.FlowMetaSize {
-			continue // no room in front of the frame within its chunk
-		}
-		m := s.umem[tagAt-bpf.FlowMetaSize : tagAt]
-		if home, ok := bpf.ParseFlowMeta(m); ok {
-			frames[i].Tagged, frames[i].Home = true, home
+		m, st := s.frameMeta(frames[i].Handle, &frames[i])
+		meta += m
+		stamped += st
+	}
+	s.countMeta(meta, stamped)
+}
+
+// frameMeta reads (and clears) the metadata in front of the frame that
+// starts at UMEM address addr into f, and reports whether it carried a
+// timestamp area (meta) and a hardware stamp in it (stamped), as 0 or 1.
+func (s *Socket) frameMeta(addr uint64, f *qp.Frame) (meta, stamped uint64) {
+	fs := uint64(s.cfg.FrameSize)
+	tagAt := addr
+	if s.cfg.RXMetadata && addr%fs >= bpf.RXMetaSize {
+		m := s.umem[addr-bpf.RXMetaSize : addr]
+		if ts, status, ok := bpf.ParseRXMeta(m); ok {
+			meta = 1
 			clear(m)
+			if status == 0 && ts != 0 {
+				f.HWTimestamp = ts
+				stamped = 1
+			}
+			tagAt = addr - bpf.RXMetaSize
 		}
 	}
+	if tagAt%fs < bpf.FlowMetaSize {
+		return meta, stamped // no room in front of the frame within its chunk
+	}
+	m := s.umem[tagAt-bpf.FlowMetaSize : tagAt]
+	if home, ok := bpf.ParseFlowMeta(m); ok {
+		f.Tagged, f.Home = true, home
+		clear(m)
+	}
+	return meta, stamped
+}
+
+func (s *Socket) countMeta(meta, stamped uint64) {
 	if meta > 0 {
 		s.rxMeta.Add(meta)
 		s.rxStamped.Add(stamped)

@@ -177,6 +177,7 @@ func (s *Socket) rxChains(frames []qp.Frame) int {
 	}
 	var used uint32   // descriptors consumed
 	n, chains := 0, 0 // frames produced, of which chains
+	var meta, stamped uint64
 scan:
 	for n < len(frames) && used < avail {
 		if s.rxSkip {
@@ -200,12 +201,21 @@ scan:
 			s.rxBadChains.Add(1)
 			continue
 		}
+		// The program's metadata (flow tag, timestamp) sits in front of
+		// the first buffer.
+		first := s.rx.descs[(cons+used)&s.rx.mask].Addr
 		if c.n == 1 {
-			d := &s.rx.descs[(cons+used)&s.rx.mask]
-			frames[n] = qp.Frame{Buf: s.umem[d.Addr : d.Addr+uint64(d.Len) : d.Addr+uint64(d.Len)], Handle: d.Addr}
+			l := first + uint64(s.rx.descs[(cons+used)&s.rx.mask].Len)
+			frames[n] = qp.Frame{Buf: s.umem[first:l:l], Handle: first}
 		} else {
-			frames[n] = qp.Frame{Buf: s.linearize(n, cons+used, c), Handle: linearHandle}
+			frames[n] = qp.Frame{Handle: linearHandle}
 			chains++
+		}
+		m, st := s.frameMeta(first, &frames[n])
+		meta += m
+		stamped += st
+		if c.n > 1 {
+			frames[n].Buf = s.linearize(n, cons+used, c)
 		}
 		used += c.n
 		n++
@@ -220,6 +230,7 @@ scan:
 	if chains > 0 {
 		s.rxChained.Add(uint64(chains))
 	}
+	s.countMeta(meta, stamped)
 	return n
 }
 
