@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/bpf"
+	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/pacing"
@@ -412,5 +414,52 @@ func TestErrnoOf(t *testing.T) {
 	}
 	if errnoOf(os.ErrDeadlineExceeded) != unix.ETIMEDOUT {
 		t.Error("deadline")
+	}
+}
+
+// IP_TOS sets the socket priority through the kernel's fixed ToS map (the
+// QoS document's 0<->0, 8<->2, 24<->4, 16<->6); SO_PRIORITY sets it
+// directly; the last one set wins, as in Linux.
+func TestSocketPriority(t *testing.T) {
+	k := testSocket(unix.AF_INET6)
+	prio := func() int32 {
+		t.Helper()
+		b, err := k.option(unix.SOL_SOCKET, unix.SO_PRIORITY)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := intValue(unix.SOL_SOCKET, unix.SO_PRIORITY, b)
+		return v
+	}
+	for _, c := range []struct {
+		level, name int32
+		tos         int32
+		want        int32
+	}{
+		{unix.IPPROTO_IP, unix.IP_TOS, 8, 2}, {unix.IPPROTO_IP, unix.IP_TOS, 24, 4},
+		{unix.IPPROTO_IP, unix.IP_TOS, 16, 6}, {unix.IPPROTO_IP, unix.IP_TOS, 0, 0},
+		{unix.IPPROTO_IPV6, unix.IPV6_TCLASS, 16, 6}, {unix.IPPROTO_IPV6, unix.IPV6_TCLASS, 0xb8, 4}, // EF: ToS bits 0x18
+	} {
+		if err := k.setOption(c.level, c.name, le32(c.tos)); err != nil {
+			t.Fatal(err)
+		}
+		if got := prio(); got != c.want {
+			t.Errorf("%s %d: SO_PRIORITY %d, want %d", optName(c.level, c.name), c.tos, got, c.want)
+		}
+	}
+	if err := k.setOption(unix.SOL_SOCKET, unix.SO_PRIORITY, le32(5)); err != nil || prio() != 5 || k.hdr.TOS != 0xb8 {
+		t.Errorf("SO_PRIORITY 5: %v, priority %d, ToS %#x (kept)", err, prio(), k.hdr.TOS)
+	}
+	// Above 6 needs CAP_NET_ADMIN: a process that is not there has none.
+	m := &ctlproto.SetSockOpt{Level: unix.SOL_SOCKET, Name: unix.SO_PRIORITY, Value: le32(7)}
+	if err := priorityAllowed(m, 1000, -1); !errors.Is(err, unix.EPERM) || !strings.Contains(err.Error(), "CAP_NET_ADMIN") {
+		t.Errorf("unprivileged SO_PRIORITY 7: %v, want EPERM naming CAP_NET_ADMIN", err)
+	}
+	if err := priorityAllowed(m, 0, -1); err != nil {
+		t.Errorf("root SO_PRIORITY 7: %v", err)
+	}
+	m.Value = le32(6)
+	if err := priorityAllowed(m, 1000, -1); err != nil {
+		t.Errorf("unprivileged SO_PRIORITY 6: %v", err)
 	}
 }

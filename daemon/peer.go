@@ -9,9 +9,11 @@ import (
 	"strings"
 )
 
-// capNetBindService is CAP_NET_BIND_SERVICE's bit number
-// (linux/capability.h).
-const capNetBindService = 10
+// Capability bit numbers (linux/capability.h).
+const (
+	capNetBindService = 10
+	capNetAdmin       = 12
+)
 
 // privilegedPortLimit: ports below it need uid 0 or CAP_NET_BIND_SERVICE,
 // like the kernel's default net.ipv4.ip_unprivileged_port_start.
@@ -22,11 +24,17 @@ const privilegedPortLimit = 1024
 // effective set of the process, read from /proc/<pid>/status. A process that
 // is gone (or whose status cannot be read) gets no privilege.
 func peerCanBindPrivileged(uid uint32, pid int32) bool {
+	return peerHasCap(uid, pid, capNetBindService)
+}
+
+// peerHasCap reports whether the client is uid 0 or has capability bit
+// cap in its effective set.
+func peerHasCap(uid uint32, pid int32, cap uint) bool {
 	if uid == 0 {
 		return true
 	}
 	caps, err := effectiveCaps(pid)
-	return err == nil && caps&(1<<capNetBindService) != 0
+	return err == nil && caps&(1<<cap) != 0
 }
 
 // effectiveCaps reads CapEff of process pid.

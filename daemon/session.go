@@ -276,7 +276,9 @@ func (s *session) handle(h ctlproto.Header, msg ctlproto.Message) bool {
 			body = ap
 		}
 	case *ctlproto.SetSockOpt:
-		err = k.setOption(m.Level, m.Name, m.Value)
+		if err = priorityAllowed(m, s.cred.Uid, s.cred.Pid); err == nil {
+			err = k.setOption(m.Level, m.Name, m.Value)
+		}
 	case *ctlproto.GetSockOpt:
 		var v []byte
 		if v, err = k.option(m.Level, m.Name); err == nil {

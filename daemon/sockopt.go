@@ -6,7 +6,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/ring"
+	"github.com/bypassd/bypassd/ring/sched/qos"
 )
 
 // Socket options the daemon understands (Linux numbers, as the protocol
@@ -24,7 +26,12 @@ import (
 //	                                     extended struct and the range
 //	             SO_TIMESTAMPING(_NEW)   get, set: which receive timestamps
 //	                                     the shim reports (timestamping.go)
+//	             SO_PRIORITY             get, set: the socket priority that
+//	                                     picks the traffic class; above 6
+//	                                     it needs CAP_NET_ADMIN, as in Linux
 //	IPPROTO_IP   IP_TOS, IP_TTL, IP_MULTICAST_TTL, IP_MULTICAST_LOOP
+//	             (IP_TOS and IPV6_TCLASS also set SO_PRIORITY through
+//	             the kernel's fixed ToS map, qos.TOSToSkPrio)
 //	IPPROTO_IPV6 IPV6_UNICAST_HOPS, IPV6_MULTICAST_HOPS,
 //	             IPV6_MULTICAST_LOOP, IPV6_TCLASS (AF_INET6 sockets only)
 //
@@ -61,6 +68,7 @@ func optName(level, name int32) string {
 		{unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE}:    "SO_MAX_PACING_RATE",
 		{unix.SOL_SOCKET, unix.SO_TIMESTAMPING}:       "SO_TIMESTAMPING",
 		{unix.SOL_SOCKET, unix.SO_TIMESTAMPING_NEW}:   "SO_TIMESTAMPING_NEW",
+		{unix.SOL_SOCKET, unix.SO_PRIORITY}:           "SO_PRIORITY",
 		{unix.IPPROTO_IP, unix.IP_TOS}:                "IP_TOS",
 		{unix.IPPROTO_IP, unix.IP_TTL}:                "IP_TTL",
 		{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL}:      "IP_MULTICAST_TTL",
@@ -74,6 +82,20 @@ func optName(level, name int32) string {
 		return n
 	}
 	return fmt.Sprintf("option %d/%d", level, name)
+}
+
+// priorityAllowed checks a SETSOCKOPT SO_PRIORITY as Linux does: 0..6
+// for anyone, anything else with CAP_NET_ADMIN (a high priority may be a
+// strict traffic class that starves the others). Other options pass.
+func priorityAllowed(m *ctlproto.SetSockOpt, uid uint32, pid int32) error {
+	if m.Level != unix.SOL_SOCKET || m.Name != unix.SO_PRIORITY || len(m.Value) < 4 {
+		return nil
+	}
+	v := int32(binary.LittleEndian.Uint32(m.Value))
+	if v >= 0 && v <= 6 || peerHasCap(uid, pid, capNetAdmin) {
+		return nil
+	}
+	return fmt.Errorf("SO_PRIORITY %d: priorities outside 0..6 need CAP_NET_ADMIN: %w", v, unix.EPERM)
 }
 
 func noOption(level, name int32) error {
@@ -112,7 +134,8 @@ func hopValue(level, name, v, lo int32, def uint8) (uint8, error) {
 	return uint8(v), nil
 }
 
-// setOption is SETSOCKOPT.
+// setOption is SETSOCKOPT. The session checks the client's privilege for
+// priorities outside 0..6 first (priorityAllowed).
 func (k *socket) setOption(level, name int32, value []byte) error {
 	if k.stream != nil && streamOptionKnown(level, name) {
 		return k.setStreamOption(level, name, value)
@@ -152,8 +175,11 @@ func (k *socket) setOption(level, name int32, value []byte) error {
 	case [2]int32{unix.SOL_SOCKET, unix.SO_REUSEADDR}:
 		k.reuseAddr = v != 0
 		return nil
+	case [2]int32{unix.SOL_SOCKET, unix.SO_PRIORITY}:
+		o.Priority = uint32(v)
 	case [2]int32{unix.IPPROTO_IP, unix.IP_TOS}:
 		o.TOS = uint8(v)
+		o.Priority = uint32(qos.TOSToSkPrio(o.TOS))
 	case [2]int32{unix.IPPROTO_IP, unix.IP_TTL}:
 		if o.TTL, err = hopValue(level, name, v, 1, def.TTL); err != nil {
 			return err
@@ -185,6 +211,7 @@ func (k *socket) setOption(level, name int32, value []byte) error {
 			return fmt.Errorf("IPV6_TCLASS: %d out of range (-1..255): %w", v, unix.EINVAL)
 		}
 		o.TOS = uint8(v)
+		o.Priority = uint32(qos.TOSToSkPrio(o.TOS))
 	default:
 		return noOption(level, name)
 	}
@@ -217,6 +244,8 @@ func (k *socket) option(level, name int32) ([]byte, error) {
 		return k.pacingValue(), nil
 	case [2]int32{unix.SOL_SOCKET, unix.SO_TIMESTAMPING}, [2]int32{unix.SOL_SOCKET, unix.SO_TIMESTAMPING_NEW}:
 		v = int32(k.timestamping)
+	case [2]int32{unix.SOL_SOCKET, unix.SO_PRIORITY}:
+		v = int32(o.Priority)
 	case [2]int32{unix.IPPROTO_IP, unix.IP_TOS}, [2]int32{unix.IPPROTO_IPV6, unix.IPV6_TCLASS}:
 		v = int32(o.TOS)
 	case [2]int32{unix.IPPROTO_IP, unix.IP_TTL}, [2]int32{unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS}:
@@ -238,7 +267,8 @@ func (k *socket) optionKnown(level, name int32) bool {
 	case unix.SOL_SOCKET:
 		switch name {
 		case unix.SO_REUSEADDR, unix.SO_TYPE, unix.SO_DOMAIN, unix.SO_PROTOCOL,
-			unix.SO_SNDBUF, unix.SO_RCVBUF, unix.SO_MAX_PACING_RATE, unix.SO_TIMESTAMPING, unix.SO_TIMESTAMPING_NEW:
+			unix.SO_SNDBUF, unix.SO_RCVBUF, unix.SO_MAX_PACING_RATE, unix.SO_TIMESTAMPING, unix.SO_TIMESTAMPING_NEW,
+			unix.SO_PRIORITY:
 			return true
 		}
 	case unix.IPPROTO_IP:

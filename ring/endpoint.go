@@ -58,6 +58,7 @@ type Endpoint struct {
 	touched bool
 	stalled bool
 	pace    paceState
+	cls     epClass
 
 	stats EndpointStats
 }
@@ -90,6 +91,10 @@ type HeaderOptions struct {
 	MulticastTTL uint8
 	// TOS is the IPv4 TOS byte / IPv6 traffic class (IP_TOS, IPV6_TCLASS).
 	TOS uint8
+	// Priority is the socket priority (sk_prio) that picks the traffic
+	// class (SO_PRIORITY; IP_TOS sets it too, through the kernel's fixed
+	// ToS map, as Linux does).
+	Priority uint32
 	// MulticastLoop delivers multicast datagrams sent by this socket to
 	// local members too (IP_MULTICAST_LOOP); default true, as in Linux.
 	MulticastLoop bool

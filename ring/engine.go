@@ -19,6 +19,7 @@ import (
 	"github.com/bypassd/bypassd/ring/qp"
 	"github.com/bypassd/bypassd/ring/reassembly"
 	"github.com/bypassd/bypassd/ring/route"
+	"github.com/bypassd/bypassd/ring/sched/qos"
 )
 
 // Stats are a ring's counters. The engine updates them once per burst.
@@ -65,6 +66,8 @@ type Stats struct {
 	// TCP stack (IP bytes); TCPTXPackets and TCPTXBytes the stack's
 	// packets sent.
 	TCPRXPackets, TCPRXBytes, TCPTXPackets, TCPTXBytes atomic.Uint64
+	// TC are the counters of each traffic class (engine_qos.go).
+	TC [qos.NumTC]TCStats
 }
 
 // Stats returns the ring's counters.
@@ -166,6 +169,8 @@ type engine struct {
 	// switches is the fallback's path switch count the templates were
 	// built under (mtu.go).
 	switches uint64
+	// qos is the traffic-class scheduler's state (engine_qos.go).
+	qos qosState
 }
 
 // pruneTemplates forgets the templates of endpoints no longer bound.
@@ -193,6 +198,7 @@ func (e *engine) init(r *Ring) {
 	e.tmpls = map[tmplKey]tmplEntry{}
 	e.reasm = reassembly.New(r.cfg.Reassembly)
 	e.initPacing()
+	e.qosSync()
 }
 
 func (e *engine) loop() error {
@@ -283,11 +289,11 @@ func (e *engine) sleep(t *table) error {
 		// A queue stalled on next-hop resolution does not keep the
 		// engine awake: the resolution rings the doorbell. Nor does one
 		// waiting for its departure time: the timeout covers it.
-		if ep.etx.ArmReadWait() && !ep.stalled && !ep.paceWaiting() {
+		if ep.etx.ArmReadWait() && !ep.stalled && !ep.paceWaiting() && !ep.cls.held {
 			pending = true
 		}
 	}
-	timeout := e.paceTimeout(time.Second)
+	timeout := e.qosTimeout(e.paceTimeout(time.Second))
 	if pending || len(e.backlog) > 0 || r.prov.TXPending() > 0 || e.tcpPending() || (r.inbox != nil && r.inbox.pending()) {
 		timeout = 0
 	}
@@ -389,6 +395,7 @@ func (e *engine) rxFrame(rs *rxBurst, buf []byte, hwts uint64) {
 		if e.deliver(rs.t, f.Src, f.Dst, f.Payload, e.stamps(rs.ts, hwts)) {
 			rs.pkts++
 			rs.bytes += uint64(len(f.Payload))
+			e.rxClass(f.TOS, f.PCP, f.Tagged, len(f.Payload))
 		}
 	case packet.KindFragment:
 		k := reassembly.Key{Src: f.Src.Addr(), Dst: f.Dst.Addr(), ID: f.FragID, Proto: f.Proto}
@@ -412,6 +419,7 @@ func (e *engine) rxFrame(rs *rxBurst, buf []byte, hwts uint64) {
 		if e.deliver(rs.t, src, dst, payload, e.stamps(rs.ts, hwts)) {
 			rs.pkts++
 			rs.bytes += uint64(len(payload))
+			e.rxClass(f.TOS, f.PCP, f.Tagged, len(payload))
 		}
 	case packet.KindOther:
 		if f.Proto == packet.ProtoTCP && e.tcpReceive(buf) {
@@ -515,16 +523,9 @@ func (e *engine) transmit(t *table) (int, error) {
 			return 0, nil
 		}
 	}
-	work := 0
-	for _, ep := range t.all {
-		if ep.paceWaiting() {
-			continue
-		}
-		n, err := e.drain(t, ep)
-		work += n
-		if err != nil {
-			return work, err
-		}
+	work, err := e.sendClasses(t, t.all)
+	if err != nil {
+		return work, err
 	}
 	e.publishTouched() // multicast loopback copies
 	n, err := e.tcpTransmit()
@@ -542,14 +543,20 @@ func (e *engine) transmit(t *table) (int, error) {
 	return work, nil
 }
 
-// drain moves up to one batch of an endpoint's queued datagrams into frames.
-func (e *engine) drain(t *table, ep *Endpoint) (int, error) {
+// drain moves up to one batch of an endpoint's queued datagrams into frames,
+// stopping once it has sent budget wire bytes (the traffic class's grant).
+// more reports that it stopped for the batch or the budget, not because
+// the endpoint cannot send now.
+func (e *engine) drain(t *table, ep *Endpoint, budget int64) (n int, wire int64, more bool, err error) {
 	r := e.r
-	n := 0
 	var h dgram.Header
 	ep.stalled = false
 	e.paceSync(ep)
-	for n < r.cfg.Batch {
+	for {
+		if n >= r.cfg.Batch || wire >= budget {
+			more = true
+			break
+		}
 		rec, _, err := ep.etx.Peek()
 		if err != nil {
 			if errors.Is(err, shmq.ErrEmpty) {
@@ -601,15 +608,15 @@ func (e *engine) drain(t *table, ep *Endpoint) (int, error) {
 			n++
 			continue
 		}
-		wire := len(payload) + frames*tmpl.HeaderLen()
-		if ep.pace.applied != nil && !e.paceAllow(ep, wire) {
+		size := len(payload) + frames*tmpl.HeaderLen()
+		if ep.pace.applied != nil && !e.paceAllow(ep, size) {
 			break
 		}
 		if len(e.tx)+frames > cap(e.tx) {
 			e.backlog = append(e.backlog, e.tx...)
 			e.tx = e.tx[:0]
 			if err := e.post(); err != nil {
-				return n, err
+				return n, wire, false, err
 			}
 			if len(e.backlog) > 0 {
 				break
@@ -650,12 +657,14 @@ func (e *engine) drain(t *table, ep *Endpoint) (int, error) {
 				e.deliver(t, tmpl.Src(), dst, payload, rxStamps{flags: dgram.FlagSWTimestamp, sw: time.Now().UnixNano()})
 			}
 			if ep.pace.applied != nil {
-				e.paceCharge(ep, wire)
+				e.paceCharge(ep, size)
 			}
+			wire += int64(size)
 			ep.stats.TXPackets.Add(1)
 			ep.stats.TXBytes.Add(uint64(len(payload)))
 			r.stats.TXPackets.Add(1)
 			r.stats.TXBytes.Add(uint64(len(payload)))
+			r.stats.TC[ep.cls.tc].TXPackets.Add(1)
 		}
 		ep.etx.Advance()
 		n++
@@ -664,7 +673,7 @@ func (e *engine) drain(t *table, ep *Endpoint) (int, error) {
 		ep.stats.TXWakeups.Add(1)
 		ep.txWait.Wake()
 	}
-	return n, nil
+	return n, wire, more, nil
 }
 
 // post hands the backlog to the provider.
@@ -708,6 +717,7 @@ func (e *engine) template(ep *Endpoint, dst netip.AddrPort) (*packet.Template, *
 	if dst.Addr().IsMulticast() {
 		to.TTL = opts.MulticastTTL
 	}
+	e.forceHeader(&to, dst.Addr().IsMulticast())
 	// Datagrams are cut at the route's MTU, and never larger than the
 	// ring's frames carry (an interface MTU raised beyond them, mtu.go).
 	tmpl, err := packet.NewTemplate(d.next.SrcMAC, d.next.DstMAC, src, dst, min(d.next.MTU, e.r.maxMTU()), to)

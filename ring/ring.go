@@ -44,6 +44,7 @@ import (
 	"github.com/bypassd/bypassd/ring/qp"
 	"github.com/bypassd/bypassd/ring/reassembly"
 	"github.com/bypassd/bypassd/ring/route"
+	"github.com/bypassd/bypassd/ring/sched/qos"
 	"github.com/bypassd/bypassd/ring/tsconv"
 )
 
@@ -202,6 +203,8 @@ type Ring struct {
 	fatal         atomic.Pointer[error]
 
 	resolved chan resolution
+	// qosCfg is the interface's QoS state (SetQoS; nil: qos.Default).
+	qosCfg atomic.Pointer[qos.Config]
 	// ctx ends with the ring; it bounds background next-hop resolutions.
 	ctx    context.Context
 	cancel context.CancelFunc

@@ -27,6 +27,7 @@ var options = map[string]option{
 	"SO_SNDBUF":           {level: unix.SOL_SOCKET, name: unix.SO_SNDBUF},
 	"SO_MAX_PACING_RATE":  {level: unix.SOL_SOCKET, name: unix.SO_MAX_PACING_RATE, unsigned: true},
 	"SO_TIMESTAMPING":     {level: unix.SOL_SOCKET, name: unix.SO_TIMESTAMPING},
+	"SO_PRIORITY":         {level: unix.SOL_SOCKET, name: unix.SO_PRIORITY},
 	"IP_TOS":              {level: unix.IPPROTO_IP, name: unix.IP_TOS},
 	"IP_TTL":              {level: unix.IPPROTO_IP, name: unix.IP_TTL},
 	"IP_MULTICAST_TTL":    {level: unix.IPPROTO_IP, name: unix.IP_MULTICAST_TTL},

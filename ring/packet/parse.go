@@ -58,8 +58,13 @@ type Frame struct {
 	Segment []byte
 	// EtherType is the type after any VLAN tags.
 	EtherType uint16
-	// VLAN is the VID of the outermost VLAN tag, 0 if untagged.
-	VLAN uint16
+	// VLAN is the VID of the outermost VLAN tag, 0 if untagged; PCP its
+	// priority bits and Tagged whether there was a tag at all.
+	VLAN   uint16
+	PCP    uint8
+	Tagged bool
+	// TOS is the IPv4 TOS byte / IPv6 traffic class (DSCP and ECN).
+	TOS uint8
 }
 
 // VerifyUDP checks the UDP checksum of a KindUDP frame; false for any other kind.
@@ -99,7 +104,8 @@ func Parse(frame []byte, f *Frame) error {
 			return fail(f, errShortVLAN)
 		}
 		if tags == 0 {
-			f.VLAN = binary.BigEndian.Uint16(p) & 0x0fff
+			tci := binary.BigEndian.Uint16(p)
+			f.VLAN, f.PCP, f.Tagged = tci&0x0fff, uint8(tci>>13), true
 		}
 		et = binary.BigEndian.Uint16(p[2:])
 		p = p[VLANTagLen:]
@@ -143,6 +149,7 @@ func parseIPv4(p []byte, f *Frame) error {
 		return errIPv4Checksum
 	}
 	p = p[:total] // drop Ethernet padding
+	f.TOS = p[1]
 	f.Src = netip.AddrPortFrom(netip.AddrFrom4([4]byte(p[12:16])), 0)
 	f.Dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(p[16:20])), 0)
 	f.Proto = p[9]
@@ -169,6 +176,7 @@ func parseIPv6(p []byte, f *Frame) error {
 	if IPv6HdrLen+pl > len(p) {
 		return errIPv6PayloadLen
 	}
+	f.TOS = uint8(binary.BigEndian.Uint16(p) >> 4)
 	f.Src = netip.AddrPortFrom(netip.AddrFrom16([16]byte(p[8:24])), 0)
 	f.Dst = netip.AddrPortFrom(netip.AddrFrom16([16]byte(p[24:40])), 0)
 	nh := p[6]

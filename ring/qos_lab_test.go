@@ -1,0 +1,262 @@
+package ring_test
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/ring"
+	"github.com/bypassd/bypassd/ring/sched/qos"
+)
+
+// The QoS lab tests measure the scheduler at an independent receiver (a
+// kernel socket in the peer namespace) and never by time alone: the
+// senders fill their queues while the port limit holds the ring almost
+// shut, then the limit opens and every class stays backlogged from what
+// is already queued for the whole measured window, however late the
+// machine runs the senders or the engine. Shares are counted in
+// datagrams of one size, so they are shares of wire bytes.
+
+const qosDgram = 1000
+
+// qosConfig returns the default state with UP n in TC n.
+func qosConfig(t *testing.T) qos.Config {
+	t.Helper()
+	c := qos.Default()
+	if err := c.SetPrioTC("0,1,2,3,4,5,6,7"); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func setQoS(t *testing.T, r *ring.Ring, c qos.Config) {
+	t.Helper()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r.SetQoS(&c)
+}
+
+// fill queues n datagrams on ep for dst (Send fails the test if the
+// queue cannot take them).
+func fill(t *testing.T, ep *ring.Endpoint, dst netip.AddrPort, n int) {
+	t.Helper()
+	b := make([]byte, qosDgram)
+	for i := range n {
+		if err := ep.Send(b, dst, time.Now().Add(5*time.Second)); err != nil {
+			t.Fatalf("queueing datagram %d of %d: %v", i, n, err)
+		}
+	}
+}
+
+// countFrom reads n datagrams and counts them by source port.
+func countFrom(t *testing.T, c *net.UDPConn, n int) map[uint16]int {
+	t.Helper()
+	got := map[uint16]int{}
+	buf := make([]byte, 2048)
+	for i := range n {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatalf("datagram %d of %d: %v (so far %v)", i, n, err, got)
+		}
+		got[from.Port()]++
+	}
+	return got
+}
+
+// drainQuiet reads until nothing arrives for d and returns the count.
+func drainQuiet(c *net.UDPConn, d time.Duration) int {
+	buf := make([]byte, 2048)
+	n := 0
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(d))
+		if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
+			return n
+		}
+		n++
+	}
+}
+
+func TestQoSSharesAndStrict(t *testing.T) {
+	l := newLab(t, ring.Config{})
+	recv := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	_ = recv.SetReadBuffer(4 << 20)
+	dst := recv.LocalAddr().(*net.UDPAddr).AddrPort()
+	low := l.bind(t, netip.AddrPortFrom(l.p.A.Addr4(), 0))
+	high := l.bind(t, netip.AddrPortFrom(l.p.A.Addr4(), 0))
+	o := low.HeaderOptions()
+	o.Priority = 0 // UP 0, TC 0
+	low.SetHeaderOptions(o)
+	o.Priority = 1 // UP 1, TC 1
+	high.SetHeaderOptions(o)
+
+	// Resolve the next hop first: a datagram each, unlimited.
+	fill(t, low, dst, 1)
+	fill(t, high, dst, 1)
+	countFrom(t, recv, 2)
+
+	c := qosConfig(t)
+	if err := c.SetTSA("ets,ets"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetTCBW("30,70"); err != nil {
+		t.Fatal(err)
+	}
+	c.MaxRateKbps = 1 // shut, but for the bucket it starts with
+	setQoS(t, l.r, c)
+	const queued = 900 // fits the 1 MiB queues
+	fill(t, low, dst, queued)
+	fill(t, high, dst, queued)
+	early := drainQuiet(recv, 300*time.Millisecond)
+
+	// ETS 30/70 at 8 Mbit/s over 600 datagrams: TC 1 needs 420 of its
+	// 900, TC 0 180: both stay backlogged throughout.
+	c.MaxRateKbps = 8000
+	setQoS(t, l.r, c)
+	const window = 600
+	got := countFrom(t, recv, window)
+	lowShare := float64(got[low.LocalAddr().Port()]) / window
+	t.Logf("ETS 30/70: %v, low share %.3f (%d sent before the window)", got, lowShare, early)
+	if lowShare < 0.27 || lowShare > 0.33 {
+		t.Errorf("ETS 30/70: the 30%% class got %.1f%% of the datagrams (%v), want 30%% ±3", 100*lowShare, got)
+	}
+
+	// TC 1 strict: it takes everything while it has traffic (it has at
+	// least 900 - 420 - the early ones left; the window is 300).
+	c.TSA[1], c.BW[0] = qos.Strict, 100
+	setQoS(t, l.r, c)
+	got = countFrom(t, recv, 300)
+	// A pass decided under the old state may still be on its way.
+	if n := got[low.LocalAddr().Port()]; n > 10 {
+		t.Errorf("strict TC 1 backlogged: ETS TC 0 still sent %d of 300 (%v)", n, got)
+	}
+	// And starves nobody once it is idle: everything queued arrives.
+	rest := drainQuiet(recv, time.Second)
+	if total := early + window + 300 + rest; total != 2*queued {
+		t.Errorf("received %d datagrams, sent %d", total, 2*queued)
+	}
+	for tc := range 2 {
+		st := l.r.TCStats(tc)
+		if p := st.TXPackets.Load(); p != queued+1 {
+			t.Errorf("tc %d: %d datagrams counted, want %d", tc, p, queued+1)
+		}
+		if b := st.TXBytes.Load(); b < uint64(queued*qosDgram) {
+			t.Errorf("tc %d: %d wire bytes counted, want over %d", tc, b, queued*qosDgram)
+		}
+	}
+	if h := l.r.TCStats(0).TXHeld.Load(); h == 0 {
+		t.Error("the port limit never held TC 0 back")
+	}
+}
+
+// A class's limit holds over all its sockets, and the forced traffic class
+// and TTL reach the wire.
+func TestQoSClassLimitAndForcedHeader(t *testing.T) {
+	l := newLab(t, ring.Config{})
+	recv := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	_ = recv.SetReadBuffer(4 << 20)
+	recvHeaderFields(t, recv)
+	dst := recv.LocalAddr().(*net.UDPAddr).AddrPort()
+	var eps []*ring.Endpoint
+	for range 2 {
+		ep := l.bind(t, netip.AddrPortFrom(l.p.A.Addr4(), 0))
+		o := ep.HeaderOptions()
+		o.TOS = 24 // sk_prio 4 through the fixed map: UP 4, TC 4
+		o.Priority = uint32(qos.TOSToSkPrio(o.TOS))
+		ep.SetHeaderOptions(o)
+		eps = append(eps, ep)
+	}
+	fill(t, eps[0], dst, 1)
+	countFrom(t, recv, 1)
+
+	c := qosConfig(t)
+	c.RateKbps[4] = 2000 // 2 Mbit/s for TC 4
+	c.TrafficClass = int(qos.TOSOfDSCP(46))
+	c.TTL = 7
+	setQoS(t, l.r, c)
+	const each = 150
+	for _, ep := range eps {
+		fill(t, ep, dst, each)
+	}
+	buf, oob := make([]byte, 2048), make([]byte, 256)
+	var first, last time.Time
+	for i := range 2 * each {
+		_ = recv.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, oobn, _, _, err := recv.ReadMsgUDPAddrPort(buf, oob)
+		if err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+		if i == 0 {
+			first = time.Now()
+			tos, ttl := headerFields(t, oob[:oobn])
+			if tos != 0xb8 || ttl != 7 {
+				t.Errorf("forced traffic class 184 (DSCP 46 × 4) and TTL 7: received ToS %d, TTL %d", tos, ttl)
+			}
+		}
+		last = time.Now()
+	}
+	// The bucket lets its capacity go at once, the rest at the rate: the
+	// receiver cannot see more than that (an upper bound that holds
+	// however slow the machine is), and on a starved machine less.
+	wire := float64(2*each) * (qosDgram + 42)
+	burst := float64(16 << 10)
+	elapsed := last.Sub(first).Seconds()
+	rate := (wire - burst) / elapsed * 8
+	t.Logf("TC 4 limited to 2 Mbit/s: %.0f wire bytes in %.3f s: %.2f Mbit/s after the bucket", wire, elapsed, rate/1e6)
+	if rate > 2e6*1.05 {
+		t.Errorf("TC 4 limited to 2 Mbit/s sent at %.2f Mbit/s", rate/1e6)
+	}
+	if rate < 2e6*0.5 {
+		t.Errorf("TC 4 limited to 2 Mbit/s sent at only %.2f Mbit/s", rate/1e6)
+	}
+	if p := l.r.TCStats(4).TXPackets.Load(); p != 2*each+1 {
+		t.Errorf("tc 4 counted %d datagrams, want %d", p, 2*each+1)
+	}
+	if h := l.r.TCStats(4).TXHeld.Load(); h == 0 {
+		t.Error("the class limit never held TC 4 back")
+	}
+}
+
+// recvHeaderFields asks for the ToS and TTL of received datagrams.
+func recvHeaderFields(t *testing.T, c *net.UDPConn) {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		if serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTOS, 1); serr == nil {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTTL, 1)
+		}
+	})
+	if err != nil || serr != nil {
+		t.Fatalf("IP_RECVTOS/IP_RECVTTL: %v %v", err, serr)
+	}
+}
+
+// headerFields returns the ToS and TTL from a datagram's control messages.
+func headerFields(t *testing.T, oob []byte) (tos, ttl int) {
+	t.Helper()
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tos, ttl = -1, -1
+	for _, m := range msgs {
+		if m.Header.Level != unix.IPPROTO_IP || len(m.Data) == 0 {
+			continue
+		}
+		switch m.Header.Type {
+		case unix.IP_TOS:
+			tos = int(m.Data[0])
+		case unix.IP_TTL:
+			ttl = int(m.Data[0])
+		}
+	}
+	return tos, ttl
+}
