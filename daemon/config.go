@@ -234,6 +234,12 @@ type Config struct {
 	// in per interface; a hardware provider's own range replaces
 	// MinKbps/MaxKbps).
 	Pacing pacing.TableConfig
+	// QoS is the traffic-class state of the interfaces it names (from
+	// --qos-file); the others start from qos.Default with TrafficClass
+	// (nil: not forced) and TTL (0: not forced).
+	QoS          QoSFile
+	TrafficClass *uint8
+	TTL          uint8
 
 	// LogLevel, if set, is the level of the logger given to New, so that
 	// Daemon.SetLogLevel can change it at run time.
@@ -411,6 +417,9 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if c.EnginePriority < 0 || c.EnginePriority > 99 {
 		return r, fmt.Errorf("engine priority %d: want 0 (normal scheduler) or a SCHED_FIFO priority 1..99", c.EnginePriority)
+	}
+	if err := c.validateQoS(); err != nil {
+		return r, err
 	}
 	if err := c.Pacing.Validate(); err != nil {
 		return r, err

@@ -247,7 +247,9 @@ func (d *Daemon) openRings(adopt func(i int, it Interface) (*ring.Adoption, erro
 		ri := &ringInfo{it: it, log: rlog, cfg: rcfg}
 		ri.r.Store(r)
 		d.rings = append(d.rings, ri)
+		d.applyQoS(ri)
 	}
+	d.logQoS()
 	d.openRateTables()
 	return nil
 }

@@ -26,6 +26,7 @@ func queryTopics() map[string]queryFunc {
 		ctldoc.TopicFlows:    (*Daemon).queryFlows,
 		ctldoc.TopicDevices:  (*Daemon).queryDevices,
 		ctldoc.TopicRates:    (*Daemon).queryRates,
+		ctldoc.TopicQoS:      (*Daemon).queryQoS,
 	}
 }
 

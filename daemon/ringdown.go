@@ -128,6 +128,7 @@ func (d *Daemon) awaitInterface(ri *ringInfo, failed chan<- ringFailure) {
 			return
 		}
 		ri.r.Store(r)
+		d.applyQoS(ri)
 		ri.down.Store(nil)
 		d.mu.Unlock()
 		d.watchRing(ri, r, failed)

@@ -249,6 +249,7 @@ func (e *engine) iterate(t *table) (int, error) {
 		e.prunePaced(t)
 	}
 	e.drainBacklog(t)
+	e.qosSync()
 	work := e.receive()
 	for {
 		select {

@@ -83,8 +83,9 @@ type epClass struct {
 	held bool
 }
 
-// qosSync applies a configuration change: a new scheduler, and templates
-// rebuilt for the forced traffic class and TTL.
+// qosSync applies a configuration change (each iteration, before it
+// receives): a new scheduler, and templates rebuilt for the forced
+// traffic class and TTL.
 func (e *engine) qosSync() {
 	p := e.r.qosCfg.Load()
 	if p == e.qos.cfg && e.qos.sched != nil {
@@ -126,7 +127,6 @@ func (e *engine) forceHeader(to *packet.TemplateOptions, multicast bool) {
 // sendClasses drains the endpoints of eps that have datagrams in the
 // order the scheduler grants. It returns the datagrams consumed.
 func (e *engine) sendClasses(t *table, eps []*Endpoint) (int, error) {
-	e.qosSync()
 	q := &e.qos
 	r := e.r
 	var backlog uint8

@@ -260,3 +260,56 @@ func headerFields(t *testing.T, oob []byte) (tos, ttl int) {
 	}
 	return tos, ttl
 }
+
+// Received datagrams are counted in the TC the trust state gives them:
+// their DSCP through dscp2prio when trusting DSCP, priority 0 (untagged)
+// when trusting PCP.
+func TestQoSIngressClass(t *testing.T) {
+	l := newLab(t, ring.Config{})
+	ep := l.bind(t, netip.AddrPortFrom(l.p.A.Addr4(), 0))
+	sender := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	rc, err := sender.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_TOS, int(qos.TOSOfDSCP(46)))
+	}); err != nil || serr != nil {
+		t.Fatalf("IP_TOS: %v %v", err, serr)
+	}
+	c := qosConfig(t)
+	c.Trust = qos.TrustDSCP
+	if err := c.SetDSCP2Prio("set,46,6"); err != nil {
+		t.Fatal(err)
+	}
+	setQoS(t, l.r, c)
+	// The engine applies a state from its next iteration on: the
+	// datagram after one it delivered is classified by the new state.
+	exchange := func(n int) {
+		t.Helper()
+		buf := make([]byte, 2048)
+		for i := range n {
+			if _, err := sender.WriteToUDPAddrPort(make([]byte, 100), ep.LocalAddr()); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := ep.Recv(buf, time.Now().Add(5*time.Second)); err != nil {
+				t.Fatalf("datagram %d: %v", i, err)
+			}
+		}
+	}
+	exchange(1)
+	before := l.r.TCStats(6).RXPackets.Load()
+	exchange(10)
+	if got := l.r.TCStats(6).RXPackets.Load() - before; got != 10 {
+		t.Errorf("trust dscp, EF mapped to priority 6: TC 6 counted %d of 10", got)
+	}
+	c.Trust = qos.TrustPCP
+	setQoS(t, l.r, c)
+	exchange(1)
+	before = l.r.TCStats(0).RXPackets.Load()
+	exchange(5)
+	if got := l.r.TCStats(0).RXPackets.Load() - before; got != 5 {
+		t.Errorf("trust pcp, untagged: TC 0 counted %d of 5", got)
+	}
+}

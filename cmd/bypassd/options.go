@@ -203,6 +203,34 @@ var settings = []setting{
 			}
 			return nil
 		}},
+	{name: "qos-file", arg: "PATH", def: "(none: defaults)",
+		usage: "JSON file with the traffic-class state of interfaces (tsa, tcbw, ratelimit, prio_tc, trust, ...; see docs/configuration.md)",
+		apply: func(o *options, v string) (err error) { o.cfg.QoS, err = daemon.LoadQoSFile(v); return err }},
+	{name: "traffic-class", arg: "TOS", def: "-1 (off)",
+		usage: "force this ToS byte (DSCP × 4 + ECN, 0..255) on every datagram sent, whatever its socket asked; -1: off",
+		apply: func(o *options, v string) error {
+			n, err := strconv.Atoi(v)
+			switch {
+			case err != nil || n < -1 || n > 255:
+				return fmt.Errorf("%q: want a ToS byte 0..255 (DSCP × 4, e.g. 96 for DSCP 24) or -1 for off", v)
+			case n == -1:
+				o.cfg.TrafficClass = nil
+			default:
+				tc := uint8(n)
+				o.cfg.TrafficClass = &tc
+			}
+			return nil
+		}},
+	{name: "ttl", arg: "N", def: "0 (off)",
+		usage: "force this TTL / hop limit (1..255) on every unicast datagram sent; 0: off",
+		apply: func(o *options, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || n > 255 {
+				return fmt.Errorf("%q: want a TTL 1..255, or 0 for off", v)
+			}
+			o.cfg.TTL = uint8(n)
+			return nil
+		}},
 	{name: "stats-interval", arg: "DURATION", def: "100ms",
 		usage: "how often the stats files bypass-stats reads are rewritten (0: no stats files)",
 		apply: func(o *options, v string) error {
