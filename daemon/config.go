@@ -236,8 +236,11 @@ type Config struct {
 	Pacing pacing.TableConfig
 	// QoS is the traffic-class state of the interfaces it names (from
 	// --qos-file); the others start from qos.Default with TrafficClass
-	// (nil: not forced) and TTL (0: not forced).
+	// (nil: not forced) and TTL (0: not forced). QoSPath, when set, is
+	// where SET_QOS changes are saved (the same file), so they survive
+	// a restart.
 	QoS          QoSFile
+	QoSPath      string
 	TrafficClass *uint8
 	TTL          uint8
 

@@ -19,6 +19,7 @@ import (
 	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/ring"
+	"github.com/bypassd/bypassd/ring/sched/qos"
 	"github.com/bypassd/bypassd/ring/pacing"
 )
 
@@ -45,6 +46,9 @@ type Daemon struct {
 	// learn which rings serve which address family).
 	nl   *netlink.Handle
 	nlMu sync.Mutex
+	// qosMu guards qosNow, each interface's traffic-class state (qos.go).
+	qosMu  sync.Mutex
+	qosNow map[string]qos.Config
 
 	// nextSocket numbers sockets daemon-wide, so a socket id never names
 	// another client's socket by accident.
@@ -160,6 +164,7 @@ func newDaemon(cfg Config, log *zap.Logger) (*Daemon, error) {
 	d := &Daemon{cfg: rc, log: log, sessions: map[*session]struct{}{}, started: time.Now(), netns: netns.None(),
 		stop: make(chan struct{}), served: make(chan struct{}), gone: make(chan struct{})}
 	d.stats.clients = map[int]*clientStats{}
+	d.qosNow = map[string]qos.Config{}
 	if d.limits, err = raiseNofile(); err != nil {
 		// Serve anyway, with fewer sockets.
 		log.Warn("cannot raise the open-file limit; the daemon serves fewer sockets", zap.Error(err))

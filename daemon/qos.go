@@ -4,12 +4,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"slices"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/ctldoc"
+	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/ring/sched/qos"
 )
 
@@ -26,10 +29,14 @@ type QoSFile struct {
 	Interfaces map[string]qos.Config `json:"interfaces"`
 }
 
-// LoadQoSFile reads and validates a QoS file.
+// LoadQoSFile reads and validates a QoS file. A file that does not exist
+// yet is empty: the daemon creates it at the first change.
 func LoadQoSFile(path string) (QoSFile, error) {
 	var f QoSFile
 	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return f, nil
+	}
 	if err != nil {
 		return f, fmt.Errorf("QoS file: %w", err)
 	}
@@ -68,8 +75,75 @@ func (c *Config) validateQoS() error {
 
 // applyQoS gives ri's ring its interface's QoS state.
 func (d *Daemon) applyQoS(ri *ringInfo) {
-	q := d.cfg.interfaceQoS(ri.it.Name)
+	d.qosMu.Lock()
+	defer d.qosMu.Unlock()
+	q, ok := d.qosNow[ri.it.Name]
+	if !ok {
+		q = d.cfg.interfaceQoS(ri.it.Name)
+		d.qosNow[ri.it.Name] = q
+	}
 	ri.ring().SetQoS(&q)
+}
+
+// setQoS changes an interface's QoS state at run time: every ring of it
+// from its next pass, and the QoS file if there is one.
+func (d *Daemon) setQoS(iface string, q qos.Config) error {
+	if err := q.Validate(); err != nil {
+		return fmt.Errorf("QoS for %s: %w: %w", iface, err, unix.EINVAL)
+	}
+	d.qosMu.Lock()
+	defer d.qosMu.Unlock()
+	if _, ok := d.qosNow[iface]; !ok {
+		return fmt.Errorf("QoS for %s: bypassd does not serve that interface: %w", iface, unix.ENODEV)
+	}
+	prev := d.qosNow[iface]
+	d.qosNow[iface] = q
+	if err := d.saveQoS(); err != nil {
+		d.qosNow[iface] = prev
+		return fmt.Errorf("QoS for %s not changed: %w: %w", iface, err, unix.EIO)
+	}
+	for _, ri := range d.rings {
+		if ri.it.Name == iface {
+			ri.ring().SetQoS(&q)
+		}
+	}
+	return nil
+}
+
+// saveQoS writes every interface's state to the QoS file (no file: no
+// saving), atomically: a crash leaves the old file or the new one.
+func (d *Daemon) saveQoS() error {
+	path := d.cfg.QoSPath
+	if path == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(QoSFile{Interfaces: d.qosNow}, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("save QoS file: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("save QoS file: %w", err)
+	}
+	return nil
+}
+
+// onSetQoS serves SET_QOS (bypassctl qos with settings).
+func (s *session) onSetQoS(h ctlproto.Header, m *ctlproto.SetQoS) bool {
+	if !s.isAdmin() {
+		return s.fail(h, fmt.Errorf("set QoS: uid %d is neither root nor the daemon's user (uid %d): %w", s.cred.Uid, os.Geteuid(), unix.EPERM))
+	}
+	q := ctldoc.QoSFromWire(m)
+	if err := s.d.setQoS(m.Interface, q); err != nil {
+		s.log.Warn("QoS change refused", zap.String("interface", m.Interface), zap.Error(err))
+		return s.fail(h, err)
+	}
+	s.log.Info("QoS set by a client", zap.String("interface", m.Interface), zap.Any("config", q))
+	return s.reply(ctlproto.ReplyHeader(h), ctlproto.Empty{})
 }
 
 // logQoS notes non-default QoS state at start.

@@ -231,6 +231,12 @@ func (s *session) handle(h ctlproto.Header, msg ctlproto.Message) bool {
 			return s.fail(h, fmt.Errorf("ZERO_STATS body %T: %w", msg, unix.EINVAL))
 		}
 		return s.onZeroStats(h, m)
+	case ctlproto.CodeSetQoS:
+		m, ok := msg.(*ctlproto.SetQoS)
+		if !ok {
+			return s.fail(h, fmt.Errorf("SET_QOS body %T: %w", msg, unix.EINVAL))
+		}
+		return s.onSetQoS(h, m)
 	case ctlproto.CodeQuery:
 		m, ok := msg.(*ctlproto.Query)
 		if !ok {

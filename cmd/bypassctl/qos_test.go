@@ -2,10 +2,14 @@ package main
 
 import (
 	"bytes"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/ctldoc"
+	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/ring/sched/qos"
 )
 
@@ -41,5 +45,66 @@ func TestPrintQoSDocumentExample(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// bypassctl qos against a daemon: the document's "-s ets,ets -t 30,70"
+// changes the daemon's state and its QoS file (read back as a restart
+// would), bad settings are refused with what to fix and change nothing.
+func TestQoSAgainstDaemon(t *testing.T) {
+	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
+	file := filepath.Join(t.TempDir(), "qos.json")
+	tc := uint8(96)
+	srv := daemontest.Start(t, p, daemon.Config{QoSPath: file, TrafficClass: &tc}, nil)
+	sock, ifn := srv.SocketPath(), p.A.Name
+	out := mustCtl(t, sock, "qos", "-i", ifn)
+	for _, want := range []string{"Interface: " + ifn + " (1 ring)", "tc: 0 ratelimit: unlimited, tsa: ets, bw: 13%\n\t up: 1\n",
+		"Forced traffic_class: 96 (dscp 24), ttl: off"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("default state: no %q in:\n%s", want, out)
+		}
+	}
+	out = mustCtl(t, sock, "qos", "-i", ifn, "-s", "ets,ets", "-t", "30,70", "-r", "0,0,0,0,0,0,0,100M", "--trust", "dscp",
+		"--dscp2prio", "set,46,6", "-p", "0,1,2,3,4,5,6,7", "--ttl", "9")
+	for _, want := range []string{"tc: 0 ratelimit: unlimited, tsa: ets, bw: 30%\n\t up: 0\n", "tc: 1 ratelimit: unlimited, tsa: ets, bw: 70%\n",
+		"tc: 7 ratelimit: 100 Mbps, tsa: ets, bw: 0%", "Priority trust state: dscp", "prio:6 dscp:55,54,53,52,51,50,49,48,46,",
+		"Forced traffic_class: 96 (dscp 24), ttl: 9"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("after setting: no %q in:\n%s", want, out)
+		}
+	}
+	saved, err := daemon.LoadQoSFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := saved.Interfaces[ifn]
+	if got.BW[0] != 30 || got.BW[1] != 70 || got.Trust != qos.TrustDSCP || got.RateKbps[7] != 100_000 || got.TTL != 9 || got.DSCP2Prio[46] != 6 {
+		t.Errorf("QoS file after the change: %+v", got)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-t", "30,60"}, "the ETS classes' bandwidths sum to 90%, want 100%"},
+		{[]string{"-s", "ets,fair"}, `"fair" is not a transmission algorithm: use strict or ets`},
+		{[]string{"-p", "0,9"}, `prio_tc: entry 1 is "9", want 0..7`},
+		{[]string{"--trust", "none"}, "use pcp or dscp"},
+		{[]string{"--dscp2prio", "set,64,1"}, "want 0..63"},
+		{[]string{"-r", "fast"}, "want Gbit/s"},
+		{[]string{"--traffic-class", "300"}, "want a ToS byte 0..255"},
+	} {
+		_, err := ctl(t, sock, append([]string{"qos", "-i", ifn}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("qos %v: %v, want an error containing %q", c.args, err, c.want)
+		}
+	}
+	if _, err := ctl(t, sock, "qos", "-s", "strict"); err == nil || !strings.Contains(err.Error(), "-i IF") {
+		t.Errorf("setting without -i: %v", err)
+	}
+	if _, err := ctl(t, sock, "qos", "-i", "nosuch0"); err == nil || !strings.Contains(err.Error(), "does not serve interface") {
+		t.Errorf("unknown interface: %v", err)
+	}
+	if again, _ := daemon.LoadQoSFile(file); again.Interfaces[ifn] != got {
+		t.Errorf("a refused change reached the QoS file")
 	}
 }

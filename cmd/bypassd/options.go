@@ -204,8 +204,12 @@ var settings = []setting{
 			return nil
 		}},
 	{name: "qos-file", arg: "PATH", def: "(none: defaults)",
-		usage: "JSON file with the traffic-class state of interfaces (tsa, tcbw, ratelimit, prio_tc, trust, ...; see docs/configuration.md)",
-		apply: func(o *options, v string) (err error) { o.cfg.QoS, err = daemon.LoadQoSFile(v); return err }},
+		usage: "JSON file with the traffic-class state of interfaces (tsa, tcbw, ratelimit, prio_tc, trust, ...; see docs/configuration.md); bypassctl qos changes are saved to it",
+		apply: func(o *options, v string) (err error) {
+			o.cfg.QoSPath = v
+			o.cfg.QoS, err = daemon.LoadQoSFile(v)
+			return err
+		}},
 	{name: "traffic-class", arg: "TOS", def: "-1 (off)",
 		usage: "force this ToS byte (DSCP × 4 + ECN, 0..255) on every datagram sent, whatever its socket asked; -1: off",
 		apply: func(o *options, v string) error {

@@ -101,6 +101,9 @@ const (
 	// everything (live upgrade, package daemon/takeover); after a
 	// successful reply the connection carries the takeover stream.
 	CodeTakeover Code = 13
+	// CodeSetQoS sets an interface's traffic-class state (bypassctl qos,
+	// mlnx_qos's settings); the daemon checks the caller's uid.
+	CodeSetQoS Code = 14
 	// CodeListen makes a bound stream socket listen; CodeAccept takes one
 	// of its connections as a new socket (its reply carries FDsOpen file
 	// descriptors, like OPEN's).
@@ -132,6 +135,7 @@ var codeNames = map[Code]string{
 	CodeTakeover:    "TAKEOVER",
 	CodeListen:      "LISTEN",
 	CodeAccept:      "ACCEPT",
+	CodeSetQoS:      "SET_QOS",
 	CodeShutdown:    "SHUTDOWN",
 	CodeSocketError: "SOCKET_ERROR",
 }
@@ -344,6 +348,27 @@ type AcceptReply struct {
 	Peer, Local netip.AddrPort
 }
 
+// SetQoS is the SET_QOS request body: the whole traffic-class state of one
+// interface, in the fields of qos.Config (internal/ctldoc converts). The
+// codec checks the structure (NUL-padded name, enumerations, ranges); the
+// daemon the semantics (shares summing to 100, ...).
+type SetQoS struct {
+	Interface    string
+	TSA          [8]uint8 // 0 ets, 1 strict
+	BW           [8]uint8
+	PrioTC       [8]uint8
+	SkPrioUP     [16]uint8
+	DSCP2Prio    [64]uint8
+	Trust        uint8 // 0 pcp, 1 dscp
+	TTL          uint8
+	TrafficClass int16 // -1: off
+	RateKbps     [8]uint64
+	MaxRateKbps  uint64
+}
+
+// IfNameMax is the size of an interface name field (IFNAMSIZ).
+const IfNameMax = 16
+
 // Empty is the body of CLOSE requests, of replies without a body and of
 // every failed reply.
 type Empty struct{}
@@ -366,6 +391,7 @@ func (ZeroStats) isMessage()     {}
 func (Query) isMessage()         {}
 func (QueryReply) isMessage()    {}
 func (Takeover) isMessage()      {}
+func (SetQoS) isMessage()        {}
 func (TakeoverReply) isMessage() {}
 func (ListenReq) isMessage()     {}
 func (AcceptReq) isMessage()     {}
@@ -394,6 +420,7 @@ const (
 	lenListen       = 4
 	lenAccept       = 4
 	lenAcceptReply  = lenOpenReply + 2*lenAddrPort
+	lenSetQoS       = 200
 )
 
 // NewHello returns a HELLO body offering exactly this package's Version,
@@ -475,7 +502,8 @@ func checkHeader(h Header) error {
 	}
 	switch h.Code {
 	case CodeHello, CodeHello | ReplyBit, CodeOpen, CodeShutdown, CodeSetLogLevel, CodeSetLogLevel | ReplyBit,
-		CodeZeroStats, CodeZeroStats | ReplyBit, CodeQuery, CodeQuery | ReplyBit, CodeTakeover, CodeTakeover | ReplyBit:
+		CodeZeroStats, CodeZeroStats | ReplyBit, CodeQuery, CodeQuery | ReplyBit, CodeTakeover, CodeTakeover | ReplyBit,
+		CodeSetQoS, CodeSetQoS | ReplyBit:
 		if h.Socket != 0 {
 			return fmt.Errorf("socket id %d must be 0 for %v", h.Socket, h.Code)
 		}
@@ -733,8 +761,31 @@ func appendBody(b []byte, h Header, body Message) ([]byte, error) {
 		b = le.AppendUint16(b, m.State)
 		b = le.AppendUint16(b, 0)
 		return le.AppendUint32(b, m.DaemonPID), nil
+	case CodeSetQoS:
+		m, ok := as[SetQoS](body)
+		if !ok {
+			return b, wrongBody(h, body)
+		}
+		if err := checkSetQoS(m); err != nil {
+			return b, err
+		}
+		var name [IfNameMax]byte
+		copy(name[:], m.Interface)
+		b = append(b, name[:]...)
+		b = append(b, m.TSA[:]...)
+		b = append(b, m.BW[:]...)
+		b = append(b, m.PrioTC[:]...)
+		b = append(b, m.SkPrioUP[:]...)
+		b = append(b, m.DSCP2Prio[:]...)
+		b = append(b, m.Trust, m.TTL)
+		b = le.AppendUint16(b, uint16(m.TrafficClass))
+		b = le.AppendUint32(b, 0)
+		for _, r := range m.RateKbps {
+			b = le.AppendUint64(b, r)
+		}
+		return le.AppendUint64(b, m.MaxRateKbps), nil
 	case CodeClose, CodeConnect | ReplyBit, CodeSetSockOpt | ReplyBit, CodeJoin | ReplyBit,
-		CodeLeave | ReplyBit, CodeClose | ReplyBit:
+		CodeLeave | ReplyBit, CodeClose | ReplyBit, CodeSetQoS | ReplyBit:
 		if !isEmpty(body) {
 			return b, wrongBody(h, body)
 		}
@@ -799,6 +850,36 @@ func checkHello(m Hello) error {
 	}
 	if strings.IndexByte(m.Name, 0) >= 0 {
 		return fmt.Errorf("program name contains a NUL byte (use NewHello)")
+	}
+	return nil
+}
+
+// checkSetQoS checks SET_QOS's structure: a name that fits IFNAMSIZ with
+// its NUL, and every enumeration and map entry in range.
+func checkSetQoS(m SetQoS) error {
+	if m.Interface == "" || len(m.Interface) >= IfNameMax || strings.IndexByte(m.Interface, 0) >= 0 {
+		return fmt.Errorf("interface name %q: 1..%d bytes, no NUL", m.Interface, IfNameMax-1)
+	}
+	for i := range 8 {
+		if m.TSA[i] > 1 {
+			return fmt.Errorf("tc %d: algorithm %d (0 ets, 1 strict)", i, m.TSA[i])
+		}
+		if m.BW[i] > 100 || m.PrioTC[i] > 7 {
+			return fmt.Errorf("tc %d: bandwidth %d or priority %d's tc %d out of range", i, m.BW[i], i, m.PrioTC[i])
+		}
+	}
+	for i, up := range m.SkPrioUP {
+		if up > 7 {
+			return fmt.Errorf("sk_prio %d: priority %d out of range 0..7", i, up)
+		}
+	}
+	for i, p := range m.DSCP2Prio {
+		if p > 7 {
+			return fmt.Errorf("dscp %d: priority %d out of range 0..7", i, p)
+		}
+	}
+	if m.Trust > 1 || m.TrafficClass < -1 || m.TrafficClass > 255 {
+		return fmt.Errorf("trust %d (0 pcp, 1 dscp) or traffic class %d (-1..255) out of range", m.Trust, m.TrafficClass)
 	}
 	return nil
 }

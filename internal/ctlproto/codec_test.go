@@ -78,6 +78,8 @@ func samples() []sample {
 		{"query-reply", Header{Code: CodeQuery | ReplyBit, ReqID: 13}, &QueryReply{Size: 1234}},
 		{"takeover", Header{Code: CodeTakeover, ReqID: 14}, &Takeover{MinState: 1, MaxState: 3}},
 		{"takeover-reply", Header{Code: CodeTakeover | ReplyBit, ReqID: 14}, &TakeoverReply{State: 2, DaemonPID: 4321}},
+		{"set-qos", Header{Code: CodeSetQoS, ReqID: 15}, sampleSetQoS()},
+		{"set-qos-reply", Header{Code: CodeSetQoS | ReplyBit, ReqID: 15}, &Empty{}},
 		{"error-reply", Header{Code: CodeBind | ReplyBit, ReqID: 3, Socket: 7, Status: unix.EADDRINUSE}, &Empty{}},
 		{"error-reply-unknown-code", Header{Code: 0x63 | ReplyBit, ReqID: 10, Status: unix.ENOSYS}, &Empty{}},
 		{"error-reply-open", Header{Code: CodeOpen | ReplyBit, ReqID: 2, Status: unix.EMFILE}, &Empty{}},
@@ -161,6 +163,14 @@ func TestLayout(t *testing.T) {
 				"00100000" + "00000000" + "0022000000000000" + "0000000000000000" + "0011000000000000" +
 				"00000000000000000000ffffc0000202" + "409c" + "0000" +
 				"00000000000000000000ffffc0000201" + "5000" + "0000"},
+		{Header{Code: CodeSetQoS, ReqID: 10}, *sampleSetQoS(),
+			"0e00" + "0100" + "0a000000" + "00000000" + "00000000" +
+				"657468300000000000000000" + "00000000" + // "eth0"
+				"0000010000000000" + "1e46000000000000" + "0001010102020200" + // tsa, tcbw, prio_tc
+				"00010203040506070000000000000000" + strings.Repeat("00", 30) + "0200" + strings.Repeat("00", 32) + // skprio_up, dscp2prio (30 -> 2)
+				"01" + "07" + "6000" + "00000000" + // trust dscp, ttl 7, traffic class 96
+				"c0c62d0000000000" + "00093d0000000000" + "80841e0000000000" + strings.Repeat("00", 40) + // 3, 4, 2 Gbit/s
+				"a086010000000000"}, // maxrate 100 Mbit/s
 	}
 	for _, c := range cases {
 		b, err := Marshal(nil, c.h, c.body)
@@ -226,6 +236,16 @@ func TestMarshalRefuses(t *testing.T) {
 		{"takeover state 0", Header{Code: CodeTakeover}, Takeover{MaxState: 1}},
 		{"takeover empty range", Header{Code: CodeTakeover}, Takeover{MinState: 2, MaxState: 1}},
 		{"takeover reply state 0", Header{Code: CodeTakeover | ReplyBit}, TakeoverReply{DaemonPID: 1}},
+		{"set-qos no name", Header{Code: CodeSetQoS}, SetQoS{}},
+		{"set-qos long name", Header{Code: CodeSetQoS}, SetQoS{Interface: strings.Repeat("e", IfNameMax)}},
+		{"set-qos tsa 2", Header{Code: CodeSetQoS}, SetQoS{Interface: "eth0", TSA: [8]uint8{2}}},
+		{"set-qos tc 8", Header{Code: CodeSetQoS}, SetQoS{Interface: "eth0", PrioTC: [8]uint8{8}}},
+		{"set-qos bw 101", Header{Code: CodeSetQoS}, SetQoS{Interface: "eth0", BW: [8]uint8{101}}},
+		{"set-qos up 8", Header{Code: CodeSetQoS}, SetQoS{Interface: "eth0", SkPrioUP: [16]uint8{15: 8}}},
+		{"set-qos dscp prio 8", Header{Code: CodeSetQoS}, SetQoS{Interface: "eth0", DSCP2Prio: [64]uint8{63: 8}}},
+		{"set-qos trust 2", Header{Code: CodeSetQoS}, SetQoS{Interface: "eth0", Trust: 2}},
+		{"set-qos tclass -2", Header{Code: CodeSetQoS}, SetQoS{Interface: "eth0", TrafficClass: -2}},
+		{"socket in set-qos", Header{Code: CodeSetQoS, Socket: 1}, SetQoS{Interface: "eth0"}},
 		{"bad family", Header{Code: CodeOpen}, Open{Family: 1, Type: TypeDgram}},
 		{"bad type", Header{Code: CodeOpen}, Open{Family: FamilyInet, Type: unix.SOCK_RAW}},
 		{"queue not pow2", Header{Code: CodeOpen}, Open{Family: FamilyInet, Type: TypeDgram, QueueBytes: 5000}},
@@ -464,4 +484,12 @@ func TestErrno(t *testing.T) {
 	if Errno(err) != unix.EINVAL {
 		t.Fatal(err)
 	}
+}
+
+func sampleSetQoS() *SetQoS {
+	m := &SetQoS{Interface: "eth0", TSA: [8]uint8{0, 0, 1}, BW: [8]uint8{30, 70},
+		PrioTC: [8]uint8{0, 1, 1, 1, 2, 2, 2}, SkPrioUP: [16]uint8{0, 1, 2, 3, 4, 5, 6, 7},
+		Trust: 1, TTL: 7, TrafficClass: 96, RateKbps: [8]uint64{3e6, 4e6, 2e6}, MaxRateKbps: 1e5}
+	m.DSCP2Prio[30] = 2
+	return m
 }

@@ -96,6 +96,8 @@ func bodyLen(h Header) int {
 		return lenTakeover
 	case CodeTakeover | ReplyBit:
 		return lenTakeoverRepl
+	case CodeSetQoS:
+		return lenSetQoS
 	}
 	return 0
 }
@@ -247,7 +249,9 @@ func decodeBody(h Header, b []byte) (Message, error) {
 			return nil, fmt.Errorf("state version 0")
 		}
 		return m, nil
-	case CodeClose, CodeZeroStats | ReplyBit, CodeConnect | ReplyBit, CodeSetSockOpt | ReplyBit, CodeJoin | ReplyBit,
+	case CodeSetQoS:
+		return decodeSetQoS(b)
+	case CodeClose, CodeZeroStats | ReplyBit, CodeConnect | ReplyBit, CodeSetSockOpt | ReplyBit, CodeJoin | ReplyBit, CodeSetQoS | ReplyBit,
 		CodeLeave | ReplyBit, CodeClose | ReplyBit:
 		return &Empty{}, nil
 	}
@@ -294,4 +298,36 @@ func decodeOptValue(n uint32, v []byte) ([]byte, error) {
 		}
 	}
 	return bytes.Clone(v[:n:n]), nil
+}
+
+func decodeSetQoS(b []byte) (Message, error) {
+	le := binary.LittleEndian
+	name := b[:IfNameMax]
+	n := bytes.IndexByte(name, 0)
+	if n < 0 {
+		return nil, fmt.Errorf("interface name is not NUL terminated")
+	}
+	for _, c := range name[n:] {
+		if c != 0 {
+			return nil, fmt.Errorf("interface name is not NUL padded")
+		}
+	}
+	m := &SetQoS{Interface: string(name[:n])}
+	p := b[IfNameMax:]
+	p = p[copy(m.TSA[:], p):]
+	p = p[copy(m.BW[:], p):]
+	p = p[copy(m.PrioTC[:], p):]
+	p = p[copy(m.SkPrioUP[:], p):]
+	p = p[copy(m.DSCP2Prio[:], p):]
+	m.Trust, m.TTL = p[0], p[1]
+	m.TrafficClass = int16(le.Uint16(p[2:]))
+	if r := le.Uint32(p[4:]); r != 0 {
+		return nil, fmt.Errorf("reserved field %#x (must be 0)", r)
+	}
+	p = p[8:]
+	for i := range m.RateKbps {
+		m.RateKbps[i] = le.Uint64(p[8*i:])
+	}
+	m.MaxRateKbps = le.Uint64(p[64:])
+	return m, checkSetQoS(*m)
 }
