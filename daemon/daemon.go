@@ -19,8 +19,8 @@ import (
 	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/ring"
-	"github.com/bypassd/bypassd/ring/sched/qos"
 	"github.com/bypassd/bypassd/ring/pacing"
+	"github.com/bypassd/bypassd/ring/sched/qos"
 )
 
 // ErrClosed is returned by Serve on a Daemon that was closed.
