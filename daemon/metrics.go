@@ -89,6 +89,7 @@ func (d *Daemon) metricsSnapshot() *stats.Metrics {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	m := &stats.Metrics{Rings: d.ringBlocks(), Daemon: d.daemonCounters()}
+	m.TCs = d.tcMetrics()
 	for _, c := range st.clients {
 		c.mu.Lock()
 		v := c.view(d, false)

@@ -14,6 +14,7 @@ import (
 	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/ring/sched/qos"
+	"github.com/bypassd/bypassd/stats"
 )
 
 // Traffic classes on the daemon's side: one qos.Config per interface,
@@ -185,4 +186,19 @@ func (d *Daemon) queryQoS(*session) (any, error) {
 		}
 	}
 	return doc, nil
+}
+
+// tcMetrics reads every ring's traffic-class counters for /metrics.
+func (d *Daemon) tcMetrics() []stats.TCMetrics {
+	out := make([]stats.TCMetrics, 0, len(d.rings)*qos.NumTC)
+	for _, ri := range d.rings {
+		r := ri.ring()
+		for tc := range qos.NumTC {
+			s := r.TCStats(tc)
+			out = append(out, stats.TCMetrics{Interface: ri.it.Name, Queue: ri.it.Queue, TC: tc,
+				TXPackets: s.TXPackets.Load(), TXBytes: s.TXBytes.Load(), TXBacklog: s.TXBacklog.Load(),
+				TXHeld: s.TXHeld.Load(), RXPackets: s.RXPackets.Load(), RXBytes: s.RXBytes.Load()})
+		}
+	}
+	return out
 }

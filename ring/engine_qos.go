@@ -70,6 +70,9 @@ type qosState struct {
 	// readyAt is when a held class may send again (engine clock; 0:
 	// none is held).
 	readyAt int64
+	// gauged says the backlog gauges show a non-empty pass (an empty one
+	// zeroes them once).
+	gauged bool
 }
 
 // epClass caches an endpoint's class for the options and configuration
@@ -144,12 +147,15 @@ func (e *engine) sendClasses(t *table, eps []*Endpoint) (int, error) {
 		queued[tc] += uint64(ep.etx.Len())
 		backlog |= 1 << tc
 	}
+	if backlog != 0 || q.gauged {
+		for tc := range qos.NumTC {
+			r.stats.TC[tc].TXBacklog.Store(queued[tc])
+		}
+		q.gauged = backlog != 0
+	}
 	if backlog == 0 {
 		q.readyAt = 0
 		return 0, nil
-	}
-	for tc := range qos.NumTC {
-		r.stats.TC[tc].TXBacklog.Store(queued[tc])
 	}
 	// Bounded so that producers that keep their queues full cannot keep
 	// the engine from receiving.

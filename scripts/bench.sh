@@ -40,5 +40,9 @@ for mtu in 1500 9000; do
 	go run ./bench/udpbench -bulk -mtu "$mtu" -size 8000 -stats-cmp=false -runs 5 -duration 2s
 done
 echo
+echo "== traffic classes: scheduler ns per datagram (Pick + Charge: 1 class, 8 ETS classes, 8 mixed classes with limits), then shares and a class limit measured at a kernel receiver"
+go test -run '^$' -bench Pick -benchtime 500ms -count 3 ./ring/sched/qos/ | grep -E '^(Benchmark|ok)'
+go test -count=1 -run 'TestQoSSharesAndStrict|TestQoSClassLimitAndForcedHeader' -v ./ring/ | grep -E 'ETS 30/70|limited to|^(ok|FAIL)'
+echo
 echo "== packet path micro-benchmarks (pacing: scheduler ns per paced datagram at 1, 1000, 10000 flows)"
 go test -run '^$' -bench . -benchmem ./ring/packet/ ./ring/reassembly/ ./ring/devmem/ ./ring/tsconv/ ./ring/pacing/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'

@@ -18,6 +18,16 @@ type Metrics struct {
 	Clients []ClientMetrics
 	// Requests counts control requests by code name ("OPEN", ...).
 	Requests []RequestCount
+	// TCs are the traffic-class counters of each ring (eight per ring).
+	TCs []TCMetrics
+}
+
+// TCMetrics are one traffic class's counters on one ring (ring.TCStats).
+type TCMetrics struct {
+	Interface string
+	Queue, TC int
+	// TXBytes are wire bytes; TXBacklog a gauge of bytes queued.
+	TXPackets, TXBytes, TXBacklog, TXHeld, RXPackets, RXBytes uint64
 }
 
 // ClientMetrics are one client process's totals: every socket it has had,
@@ -194,6 +204,18 @@ var (
 		{DaemonMalformed, counter("control_malformed_total", "Control packets refused as malformed.")},
 		{DaemonMalformedCloses, counter("control_malformed_closes_total", "Sessions closed after malformed packets in a row.")},
 	}
+	tcLabels = []string{"interface", "queue", "tc"}
+	tcSeries = []struct {
+		d desc
+		v func(*TCMetrics) uint64
+	}{
+		{counter("tc_tx_packets_total", "Datagrams the ring sent in the traffic class.", tcLabels...), func(t *TCMetrics) uint64 { return t.TXPackets }},
+		{counter("tc_tx_bytes_total", "Wire bytes (headers included) the ring sent in the traffic class.", tcLabels...), func(t *TCMetrics) uint64 { return t.TXBytes }},
+		{gauge("tc_tx_backlog_bytes", "Bytes queued in the traffic class's sockets at the engine's last pass.", tcLabels...), func(t *TCMetrics) uint64 { return t.TXBacklog }},
+		{counter("tc_tx_held_total", "Engine passes in which the class's rate limit (or the port's) held its datagrams back.", tcLabels...), func(t *TCMetrics) uint64 { return t.TXHeld }},
+		{counter("tc_rx_packets_total", "Datagrams received in the traffic class (by the trust state).", tcLabels...), func(t *TCMetrics) uint64 { return t.RXPackets }},
+		{counter("tc_rx_bytes_total", "Payload bytes received in the traffic class.", tcLabels...), func(t *TCMetrics) uint64 { return t.RXBytes }},
+	}
 	ctlRequests = counter("control_requests_total", "Control requests served, by code.", "code")
 	ctlErrors   = counter("control_errors_total", "Control requests answered with an error, by code.", "code")
 )
@@ -233,6 +255,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- s.d.d
 	}
 	for _, s := range daemonSeries {
+		ch <- s.d.d
+	}
+	for _, s := range tcSeries {
 		ch <- s.d.d
 	}
 }
@@ -281,6 +306,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- rateRefused.metric(float64(r.Counters[RingRateRefusedFull]), r.Interface, "full")
 			ch <- rateRefused.metric(float64(r.Counters[RingRateRefusedRange]), r.Interface, "range")
+		}
+	}
+
+	for i := range m.TCs {
+		t := &m.TCs[i]
+		for _, s := range tcSeries {
+			ch <- s.d.metric(float64(s.v(t)), t.Interface, strconv.Itoa(t.Queue), strconv.Itoa(t.TC))
 		}
 	}
 

@@ -59,6 +59,7 @@ func TestCollector(t *testing.T) {
 			{Code: "OPEN", Requests: 4, Errors: 1}, {Code: "BIND", Requests: 3},
 		},
 	}
+	m.TCs = []TCMetrics{{Interface: "eth1", Queue: 1, TC: 5, TXPackets: 8, TXBytes: 8000, TXBacklog: 100, TXHeld: 2, RXPackets: 3, RXBytes: 300}}
 	m.Daemon[DaemonSessions] = 3
 	m.Daemon[DaemonSocketsTotal] = 9
 	for i, pid := range []int{30, 10, 20} { // started in this order: 30 first
@@ -92,6 +93,14 @@ func TestCollector(t *testing.T) {
 	}
 	if bi := f["bypassd_build_info"].GetMetric()[0]; labels(bi)["version"] != "v9" || labels(bi)["stats_version"] != strconv.Itoa(Version) {
 		t.Errorf("build info %v", labels(bi))
+	}
+
+	for name, want := range map[string]float64{"bypassd_tc_tx_packets_total": 8, "bypassd_tc_tx_bytes_total": 8000,
+		"bypassd_tc_tx_backlog_bytes": 100, "bypassd_tc_tx_held_total": 2, "bypassd_tc_rx_packets_total": 3, "bypassd_tc_rx_bytes_total": 300} {
+		ms := f[name].GetMetric()
+		if len(ms) != 1 || value(ms[0]) != want || labels(ms[0])["tc"] != "5" || labels(ms[0])["queue"] != "1" {
+			t.Errorf("%s: %v, want one series of tc 5 on eth1/1 = %v", name, ms, want)
+		}
 	}
 
 	rx := f["bypassd_ring_rx_packets_total"].GetMetric()

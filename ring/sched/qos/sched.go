@@ -136,6 +136,15 @@ func (s *Scheduler) eligible(backlog uint8, now int64) uint8 {
 // false when no backlogged class may send now: every one is over its
 // limit, or the port is (NextReady says until when).
 func (s *Scheduler) Pick(backlog uint8, now int64) (tc int, budget int64, ok bool) {
+	if backlog&(backlog-1) == 0 && s.limited == 0 && s.port.kbps == 0 && s.credit == 0 {
+		// One class, nothing limited, nobody's credit to expire: the
+		// common case of a ring whose sockets share one class.
+		if backlog == 0 {
+			return 0, 0, false
+		}
+		s.contended = false
+		return bits.TrailingZeros8(backlog), 1 << 40, true
+	}
 	// An ETS class without traffic keeps no credit (it lends its share,
 	// it does not save it up); a debt it ran up stays.
 	for m := s.credit &^ backlog; m != 0; m &= m - 1 {
@@ -193,6 +202,9 @@ func (s *Scheduler) nextETS(m uint8) int {
 
 // Charge records that class tc sent wire bytes.
 func (s *Scheduler) Charge(tc int, wire int) {
+	if !s.contended && s.limited == 0 && s.port.kbps == 0 {
+		return
+	}
 	w := int64(wire)
 	s.port.charge(w)
 	s.tc[tc].charge(w)
