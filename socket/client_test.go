@@ -337,8 +337,8 @@ func TestOptionNames(t *testing.T) {
 		t.Errorf("Option(ip_tos): %v, want ENOPROTOOPT (names are case-sensitive)", err)
 	}
 	names := OptionNames()
-	if len(names) != 21 {
-		t.Errorf("OptionNames() = %v, want the 21 documented names (13 of UDP and TCP sockets, 8 of TCP sockets)", names)
+	if len(names) != 22 {
+		t.Errorf("OptionNames() = %v, want the 22 documented names (14 of UDP and TCP sockets, 8 of TCP sockets)", names)
 	}
 	for i, name := range names {
 		if name == "SO_MAX_PACING_RATE" {

@@ -991,8 +991,7 @@ static int membership(struct bpd_sock *s, int level, int name, const void *val, 
 static int ignorable(int level, int name)
 {
 	if (level == SOL_SOCKET)
-		return name == SO_BROADCAST || name == SO_REUSEPORT || name == SO_PRIORITY ||
-		       name == SO_DONTROUTE || name == SO_RCVLOWAT || name == SO_SNDLOWAT ||
+		return name == SO_BROADCAST || name == SO_REUSEPORT || name == SO_DONTROUTE || name == SO_RCVLOWAT || name == SO_SNDLOWAT ||
 		       name == SO_NO_CHECK || name == SO_BUSY_POLL || name == SO_BINDTODEVICE ||
 		       name == SO_KEEPALIVE || name == SO_LINGER || name == SO_ZEROCOPY;
 	if (level == IPPROTO_IP)
