@@ -14,7 +14,7 @@ import (
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
-	"github.com/bypassd/bypassd/ring/pacing"
+	"github.com/bypassd/bypassd/ring/sched/pacing"
 )
 
 func TestParseInterface(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/ring"
-	"github.com/bypassd/bypassd/ring/pacing"
+	"github.com/bypassd/bypassd/ring/sched/pacing"
 )
 
 // ErrClosed is returned by Serve on a Daemon that was closed.

@@ -19,7 +19,7 @@ echo
 echo "== receive timestamps: on vs off (ring: timestamping XDP program + metadata; shim: SO_TIMESTAMPING)"
 go run ./bench/udpbench -ts-cmp -stats-cmp=false -only rx-ring,rx-shim -runs 5 -duration 2s
 echo "-- per-datagram costs: AF_XDP metadata read, engine stamps (sync conversion included), shim slots"
-go test -run '^$' -bench 'ReadMeta|Stamps|Timestamps' -benchtime 500ms ./ring/afxdp/ ./ring/ ./socket/ | grep -E '^(Benchmark|ok)'
+go test -run '^$' -bench 'ReadMeta|Stamps|Timestamps' -benchtime 500ms ./ring/provider/afxdp/ ./ring/ ./socket/ | grep -E '^(Benchmark|ok)'
 echo
 echo "== packet pacing: rate error and jitter per rate, idle CPU with paced silent sockets"
 scripts/bench-pacing.sh
@@ -28,4 +28,4 @@ echo "== TAP fallback: TAP path vs afxdp vs kernel (throughput, latency), plug-o
 scripts/bench-tap.sh
 echo
 echo "== packet path micro-benchmarks (pacing: scheduler ns per paced datagram at 1, 1000, 10000 flows)"
-go test -run '^$' -bench . -benchmem ./ring/packet/ ./ring/reassembly/ ./ring/devmem/ ./ring/tsconv/ ./ring/pacing/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'
+go test -run '^$' -bench . -benchmem ./ring/wire/packet/ ./ring/wire/reassembly/ ./ring/devmem/ ./ring/clock/tsconv/ ./ring/sched/pacing/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'
