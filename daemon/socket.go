@@ -3,12 +3,12 @@ package daemon
 import (
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
@@ -64,19 +64,11 @@ type pendingGroup struct{ group, source netip.Addr }
 // aligned).
 func rxOffset(queueBytes int) int { return shmq.Size(queueBytes) }
 
-// socketMemory is the memfd size of a socket with the given queue size:
-// both queues, rounded up to whole pages.
-func socketMemory(queueBytes int) int {
-	page := os.Getpagesize()
-	n := 2 * shmq.Size(queueBytes)
-	return (n + page - 1) / page * page
-}
-
 // newSocket creates a socket's memfd with both queues formatted, and its
 // eventfds. It returns the memfd, which the caller sends and then closes.
 func newSocket(id uint32, family uint16, queueBytes int, home *ringInfo) (_ *socket, memfd int, err error) {
 	k := &socket{id: id, family: family, queueBytes: queueBytes, home: home, hdr: ring.DefaultHeaderOptions}
-	size := socketMemory(queueBytes)
+	size := config.SocketMemory(queueBytes)
 	memfd, k.mem, err = shmq.CreateMemfd(fmt.Sprintf("bypassd-socket-%d", id), size)
 	if err != nil {
 		return nil, -1, fmt.Errorf("create shared memory of %d bytes: %w", size, err)
@@ -154,10 +146,10 @@ func (s *session) onOpen(h ctlproto.Header, m *ctlproto.Open) bool {
 	if qb == 0 {
 		qb = cfg.QueueBytes
 	}
-	if err := checkQueueBytes(qb); err != nil {
+	if err := config.CheckQueueBytes(qb); err != nil {
 		return s.fail(h, fmt.Errorf("%w: %w", err, unix.EINVAL))
 	}
-	size := int64(socketMemory(qb))
+	size := int64(config.SocketMemory(qb))
 	if s.queueMem+size > cfg.MaxQueueMemory {
 		s.limitLog("queue memory limit reached: further OPENs fail with ENOMEM (raise --max-queue-memory or open smaller queues)",
 			zap.Int64("max_queue_memory", cfg.MaxQueueMemory), zap.Int64("in_use", s.queueMem))
@@ -230,7 +222,7 @@ func (s *session) closeSocket(k *socket) {
 		s.retire(ep)
 	}
 	delete(s.sockets, k.id)
-	s.queueMem -= int64(socketMemory(k.queueBytes))
+	s.queueMem -= int64(config.SocketMemory(k.queueBytes))
 	s.log.Debug("socket closed", zap.Uint32("socket", k.id))
 }
 

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"bufio"
@@ -16,7 +16,6 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/bypassd/bypassd/bpf"
-	"github.com/bypassd/bypassd/daemon"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/clock/tsconv"
@@ -27,13 +26,14 @@ import (
 // loopback only, so nothing is exposed by default.
 const defaultMetricsAddr = "127.0.0.1:9465"
 
-// options is everything the command line, the environment and the config
+// Options is everything the command line, the environment and the config
 // file decided.
-type options struct {
-	cfg       daemon.Config
-	logLevel  zapcore.Level
-	logFormat string
-	version   bool
+type Options struct {
+	Config    Config
+	LogLevel  zapcore.Level
+	LogFormat string // json or console
+	// ShowVersion: --version was given; nothing else was read.
+	ShowVersion bool
 }
 
 // setting is one option: a long flag (also its config-file key), maybe a
@@ -46,7 +46,7 @@ type setting struct {
 	// multi settings may be given several times (values accumulate); in
 	// the environment and the config file they are comma-separated.
 	multi bool
-	apply func(o *options, v string) error
+	apply func(o *Options, v string) error
 }
 
 // envName derives a setting's environment variable (VMA habit: one
@@ -58,20 +58,20 @@ func envName(flag string) string {
 var settings = []setting{
 	{name: "interface", short: "i", env: "BYPASSD_INTERFACES", arg: "IFACE[:QUEUE]", def: "(required)", multi: true,
 		usage: "interface queue to accelerate; repeat for more (env: comma-separated)",
-		apply: func(o *options, v string) error {
-			it, err := daemon.ParseInterface(v)
+		apply: func(o *Options, v string) error {
+			it, err := ParseInterface(v)
 			if err != nil {
 				return err
 			}
-			o.cfg.Interfaces = append(o.cfg.Interfaces, it)
+			o.Config.Interfaces = append(o.Config.Interfaces, it)
 			return nil
 		}},
 	{name: "socket", arg: "PATH", def: ctlproto.DefaultPath,
 		usage: "control socket clients connect to",
-		apply: func(o *options, v string) error { o.cfg.SocketPath = v; return nil }},
+		apply: func(o *Options, v string) error { o.Config.SocketPath = v; return nil }},
 	{name: "socket-mode", arg: "MODE", def: "0660",
 		usage: "permission bits of the control socket (octal)",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			m, err := strconv.ParseUint(v, 8, 32)
 			if err != nil || m > 0o777 {
 				return fmt.Errorf("%q is not an octal mode 0..0777 (e.g. 0660)", v)
@@ -79,27 +79,27 @@ var settings = []setting{
 			if m == 0 {
 				return errors.New("mode 0 would lock everybody out (use e.g. 0600)")
 			}
-			o.cfg.SocketMode = os.FileMode(m)
+			o.Config.SocketMode = os.FileMode(m)
 			return nil
 		}},
 	{name: "socket-group", arg: "NAME|GID", def: "(the daemon's group)",
 		usage: "group of the control socket: its members may use bypassd",
-		apply: func(o *options, v string) error { o.cfg.SocketGroup = v; return nil }},
-	{name: "stats-dir", arg: "DIR", def: daemon.DefaultStatsDir,
+		apply: func(o *Options, v string) error { o.Config.SocketGroup = v; return nil }},
+	{name: "stats-dir", arg: "DIR", def: DefaultStatsDir,
 		usage: "directory of per-process stats files",
-		apply: func(o *options, v string) error { o.cfg.StatsDir = v; return nil }},
-	{name: "run-dir", arg: "DIR", def: daemon.DefaultRunDir,
+		apply: func(o *Options, v string) error { o.Config.StatsDir = v; return nil }},
+	{name: "run-dir", arg: "DIR", def: DefaultRunDir,
 		usage: "directory of the per-interface lock files",
-		apply: func(o *options, v string) error { o.cfg.RunDir = v; return nil }},
+		apply: func(o *Options, v string) error { o.Config.RunDir = v; return nil }},
 	{name: "rx-poll", arg: "µs", def: "0",
 		usage: "how long clients spin on an empty queue before sleeping (-1: forever, 0: never)",
-		apply: func(o *options, v string) (err error) { o.cfg.RXPoll, err = parsePoll(v); return err }},
+		apply: func(o *Options, v string) (err error) { o.Config.RXPoll, err = parsePoll(v); return err }},
 	{name: "engine-poll", arg: "µs", def: "0",
 		usage: "how long an idle ring engine spins before sleeping (-1: forever, 0: never)",
-		apply: func(o *options, v string) (err error) { o.cfg.EnginePoll, err = parsePoll(v); return err }},
+		apply: func(o *Options, v string) (err error) { o.Config.EnginePoll, err = parsePoll(v); return err }},
 	{name: "queue-bytes", arg: "SIZE", def: "1M",
 		usage: "default size of each socket queue, per direction (power of two, 4K..16M)",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			n, err := parseSize(v)
 			if err != nil {
 				return err
@@ -107,81 +107,81 @@ var settings = []setting{
 			if n > math.MaxInt32 {
 				return fmt.Errorf("%s is too large", v)
 			}
-			o.cfg.QueueBytes = int(n)
+			o.Config.QueueBytes = int(n)
 			return nil
 		}},
-	{name: "max-sockets", arg: "N", def: strconv.Itoa(daemon.DefaultMaxSockets),
+	{name: "max-sockets", arg: "N", def: strconv.Itoa(DefaultMaxSockets),
 		usage: "most sockets one client connection may open",
-		apply: func(o *options, v string) (err error) { o.cfg.MaxSockets, err = parseCount(v); return err }},
+		apply: func(o *Options, v string) (err error) { o.Config.MaxSockets, err = parseCount(v); return err }},
 	{name: "max-queue-memory", arg: "SIZE", def: "256M",
 		usage: "most queue memory one client connection may use",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			n, err := parseSize(v)
-			o.cfg.MaxQueueMemory = n
+			o.Config.MaxQueueMemory = n
 			return err
 		}},
-	{name: "frames", arg: "N", def: strconv.Itoa(daemon.DefaultFrames),
+	{name: "frames", arg: "N", def: strconv.Itoa(DefaultFrames),
 		usage: "UMEM frames per ring (power of two, at least 64)",
-		apply: func(o *options, v string) (err error) { o.cfg.Frames, err = parseCount(v); return err }},
-	{name: "provider", arg: "NAME", def: daemon.ProviderAuto,
+		apply: func(o *Options, v string) (err error) { o.Config.Frames, err = parseCount(v); return err }},
+	{name: "provider", arg: "NAME", def: ProviderAuto,
 		usage: "ring provider: auto (verbs on an RDMA port when built with -tags verbs, else afxdp), afxdp, verbs or tap",
-		apply: func(o *options, v string) error { o.cfg.Provider = v; return nil }},
+		apply: func(o *Options, v string) error { o.Config.Provider = v; return nil }},
 	{name: "fallback", arg: "MODE", def: "auto",
 		usage: "when a ring's fast path is unavailable or lost: auto (TAP path until it returns), tap (TAP path only) or none",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			_, err := ring.ParseFallback(v)
-			o.cfg.Fallback = v
+			o.Config.Fallback = v
 			return err
 		}},
 	{name: "xdp-mode", arg: "MODE", def: "auto",
 		usage: "XDP attach mode: auto (native, else generic), native or generic",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			m, ok := map[string]bpf.AttachMode{"auto": bpf.ModeAuto, "native": bpf.ModeNative, "generic": bpf.ModeGeneric}[v]
 			if !ok {
 				return fmt.Errorf("%q: want auto, native or generic", v)
 			}
-			o.cfg.XDPMode = m
+			o.Config.XDPMode = m
 			return nil
 		}},
 	{name: "hw-ts-conversion", arg: "MODE", def: "3",
 		usage: "hardware timestamp conversion: 0 disable, 1 raw, 2 best, 3 sync to system, 4 ptp (lowered to what every interface supports)",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			m, err := tsconv.ParseMode(v)
-			o.cfg.HWTSConversion = &m
+			o.Config.HWTSConversion = &m
 			return err
 		}},
 	{name: "cpus", arg: "LIST", def: "(no pinning)",
 		usage: "CPUs the ring engine threads run on, e.g. 2,3 or 2-5",
-		apply: func(o *options, v string) (err error) { o.cfg.CPUs, err = parseCPUList(v); return err }},
+		apply: func(o *Options, v string) (err error) { o.Config.CPUs, err = parseCPUList(v); return err }},
 	{name: "dev-mem-tx", env: "BYPASSD_RING_DEV_MEM_TX", arg: "SIZE", def: "0 (off)",
 		usage: "device memory each ring stages egress frames in (rounded up to 64 bytes; 0: off)",
-		apply: func(o *options, v string) (err error) { o.cfg.DevMemTX, err = parseDevMem(v); return err }},
+		apply: func(o *Options, v string) (err error) { o.Config.DevMemTX, err = parseDevMem(v); return err }},
 	{name: "dev-mem-max", arg: "SIZE", def: "256K",
 		usage: "device memory one interface has: --dev-mem-tx times its rings must fit",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			n, err := parseSize(v)
 			if err == nil && n > math.MaxInt32 {
 				err = fmt.Errorf("%s is too large", v)
 			}
-			o.cfg.DevMemMax = int(n)
+			o.Config.DevMemMax = int(n)
 			return err
 		}},
 	{name: "dev-mem-inline", arg: "BYTES", def: "204",
 		usage: "frames of at most this many bytes are never staged (0: stage every frame)",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 || n > math.MaxUint16 {
 				return fmt.Errorf("want a byte count from 0 to %d", math.MaxUint16)
 			}
-			o.cfg.DevMemInline = n
+			o.Config.DevMemInline = n
 			if n == 0 {
-				o.cfg.DevMemInline = -1 // the daemon's "0": every frame is a candidate
+				o.Config.DevMemInline = -1 // the daemon's "0": every frame is a candidate
 			}
 			return nil
 		}},
 	{name: "stats-interval", arg: "DURATION", def: "100ms",
 		usage: "how often the stats files bypass-stats reads are rewritten (0: no stats files)",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			d, err := time.ParseDuration(v)
 			if err != nil && v == "0" {
 				d, err = 0, nil
@@ -190,43 +190,43 @@ var settings = []setting{
 			case err != nil || d < 0:
 				return fmt.Errorf("want a duration such as 100ms or 1s (0: no stats files)")
 			case d == 0:
-				o.cfg.StatsInterval = -1
+				o.Config.StatsInterval = -1
 			case d < time.Millisecond:
 				return fmt.Errorf("at least 1ms")
 			default:
-				o.cfg.StatsInterval = d
+				o.Config.StatsInterval = d
 			}
 			return nil
 		}},
 	{name: "metrics-addr", arg: "HOST:PORT", def: defaultMetricsAddr,
 		usage: "where Prometheus scrapes /metrics (empty or off: not served)",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			if v == "off" {
 				v = ""
 			}
-			o.cfg.MetricsAddr = v
+			o.Config.MetricsAddr = v
 			return nil
 		}},
 	{name: "metrics-max-clients", arg: "N", def: strconv.Itoa(stats.DefaultMaxClients),
 		usage: "client processes with metrics series of their own; the rest are summed as pid=\"other\"",
-		apply: func(o *options, v string) (err error) { o.cfg.MetricsMaxClients, err = parseCount(v); return err }},
+		apply: func(o *Options, v string) (err error) { o.Config.MetricsMaxClients, err = parseCount(v); return err }},
 	{name: "log-level", arg: "LEVEL", def: "info",
 		usage: "debug, info, warn or error",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			switch v {
 			case "debug", "info", "warn", "error":
 			default:
 				return fmt.Errorf("%q: want debug, info, warn or error", v)
 			}
-			return o.logLevel.Set(v)
+			return o.LogLevel.Set(v)
 		}},
 	{name: "log-format", arg: "FORMAT", def: "json",
 		usage: "json or console",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			if v != "json" && v != "console" {
 				return fmt.Errorf("%q: want json or console", v)
 			}
-			o.logFormat = v
+			o.LogFormat = v
 			return nil
 		}},
 }
@@ -253,11 +253,13 @@ type value struct {
 	v, from string
 }
 
-// parseOptions combines the sources with precedence flag > environment >
-// config file > default. It returns flag.ErrHelp for --help.
-func parseOptions(args []string, getenv func(string) string) (*options, error) {
-	o := &options{logLevel: zapcore.InfoLevel, logFormat: "json"}
-	o.cfg.MetricsAddr = defaultMetricsAddr
+// Parse combines the sources with precedence flag > environment > config
+// file > default, and validates the result (Config.Validate). It returns
+// flag.ErrHelp for --help; any other error is the user's to fix (the
+// command exits with status 2).
+func Parse(args []string, getenv func(string) string) (*Options, error) {
+	o := &Options{LogLevel: zapcore.InfoLevel, LogFormat: "json"}
+	o.Config.MetricsAddr = defaultMetricsAddr
 	fs := flag.NewFlagSet("bypassd", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
@@ -277,7 +279,7 @@ func parseOptions(args []string, getenv func(string) string) (*options, error) {
 		}
 	}
 	configPath := fs.String("config", "", "")
-	fs.BoolVar(&o.version, "version", false, "")
+	fs.BoolVar(&o.ShowVersion, "version", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -294,7 +296,7 @@ func parseOptions(args []string, getenv func(string) string) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, usagef("unexpected argument %q (options start with --)", fs.Arg(0))
 	}
-	if o.version {
+	if o.ShowVersion {
 		return o, nil
 	}
 	path := *configPath
@@ -326,7 +328,7 @@ func parseOptions(args []string, getenv func(string) string) (*options, error) {
 			}
 		}
 	}
-	if err := o.cfg.Validate(); err != nil {
+	if err := o.Config.Validate(); err != nil {
 		return nil, usageError{err}
 	}
 	return o, nil
@@ -460,8 +462,8 @@ func parseCPUList(v string) ([]int, error) {
 	return cpus, nil
 }
 
-// printUsage writes --help.
-func printUsage(w io.Writer) {
+// PrintUsage writes --help.
+func PrintUsage(w io.Writer) {
 	fmt.Fprint(w, `Usage: bypassd --interface IFACE[:QUEUE] [options]
 
 bypassd owns the AF_XDP rings of the given interface queues and serves

@@ -1,4 +1,19 @@
-package daemon
+// Package config turns the daemon's flags, BYPASSD_* environment variables
+// and config file into one validated Config: the settings table
+// (settings.go, one entry per option: flag, environment variable, default,
+// parser), the defaults, and every check of a value and of how values
+// combine (Validate). docs/configuration.md lists the same settings, and a
+// test holds the two together.
+//
+// A new daemon option is one entry in the settings table, a Config field,
+// its check in Resolve when one value alone cannot be judged, and its row in
+// docs/configuration.md; the code that uses it reads Config.
+//
+// The package does not open anything: facts that only the running system
+// can tell (which provider an interface gets, which timestamp mode its NIC
+// supports, whether a capability is there) are found by package daemon at
+// start, which logs them.
+package config
 
 import (
 	"errors"
@@ -196,8 +211,8 @@ type Config struct {
 // DefaultStatsInterval is how often stats files are rewritten by default.
 const DefaultStatsInterval = 100 * time.Millisecond
 
-// withDefaults returns c with zero fields set to their defaults.
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
 	if c.SocketPath == "" {
 		c.SocketPath = ctlproto.DefaultPath
 	}
@@ -258,19 +273,22 @@ func (c Config) withDefaults() Config {
 // Validate checks c (after applying defaults) and resolves SocketGroup.
 // Its errors say which setting is wrong and what is accepted.
 func (c Config) Validate() error {
-	_, err := c.resolve()
+	_, err := c.Resolve()
 	return err
 }
 
-// resolved is a validated Config with the socket group looked up.
-type resolved struct {
+// Resolved is a validated Config, defaults applied, with the socket group
+// looked up.
+type Resolved struct {
 	Config
-	socketGID int // -1: keep
+	SocketGID int // -1: keep the daemon's group
 }
 
-func (c Config) resolve() (resolved, error) {
-	c = c.withDefaults()
-	r := resolved{Config: c, socketGID: -1}
+// Resolve applies the defaults, validates the result and looks up the
+// socket group.
+func (c Config) Resolve() (Resolved, error) {
+	c = c.WithDefaults()
+	r := Resolved{Config: c, SocketGID: -1}
 	if len(c.Interfaces) == 0 {
 		return r, errors.New("no interface configured: give at least one with --interface IFACE[:QUEUE] (or BYPASSD_INTERFACES)")
 	}
@@ -295,7 +313,7 @@ func (c Config) resolve() (resolved, error) {
 		if err != nil {
 			return r, err
 		}
-		r.socketGID = gid
+		r.SocketGID = gid
 	}
 	if err := checkPoll("rx poll", c.RXPoll); err != nil {
 		return r, err
@@ -303,13 +321,13 @@ func (c Config) resolve() (resolved, error) {
 	if err := checkPoll("engine poll", c.EnginePoll); err != nil {
 		return r, err
 	}
-	if err := checkQueueBytes(c.QueueBytes); err != nil {
+	if err := CheckQueueBytes(c.QueueBytes); err != nil {
 		return r, err
 	}
 	if c.MaxSockets < 1 {
 		return r, fmt.Errorf("max sockets %d: must be at least 1", c.MaxSockets)
 	}
-	if min := int64(socketMemory(c.QueueBytes)); c.MaxQueueMemory < min {
+	if min := int64(SocketMemory(c.QueueBytes)); c.MaxQueueMemory < min {
 		return r, fmt.Errorf("max queue memory %d bytes: too small for even one socket with %d-byte queues (needs %d)", c.MaxQueueMemory, c.QueueBytes, min)
 	}
 	if c.Frames < 64 || c.Frames&(c.Frames-1) != 0 {
@@ -364,20 +382,21 @@ func checkPoll(what string, d time.Duration) error {
 	return nil
 }
 
-func checkQueueBytes(n int) error {
+// SocketMemory is the size of one socket's memfd with queues of queueBytes
+// each: two queues, rounded up to whole pages.
+func SocketMemory(queueBytes int) int {
+	page := os.Getpagesize()
+	n := 2 * shmq.Size(queueBytes)
+	return (n + page - 1) / page * page
+}
+
+// CheckQueueBytes judges a queue size, the daemon's default or one a client
+// asks for in OPEN.
+func CheckQueueBytes(n int) error {
 	if n < MinQueueBytes || n > MaxQueueBytes || n&(n-1) != 0 {
 		return fmt.Errorf("queue bytes %d: must be a power of two from %d (4 KiB) to %d (16 MiB)", n, MinQueueBytes, MaxQueueBytes)
 	}
 	return nil
-}
-
-// pollMicros converts a poll duration to the protocol's microseconds:
-// -1 spins forever.
-func pollMicros(d time.Duration) int32 {
-	if d < 0 {
-		return -1
-	}
-	return int32(d / time.Microsecond)
 }
 
 // LookupGroup resolves a group name or a numeric gid.
