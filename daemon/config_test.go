@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/bpf"
-	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/pacing"
 )
@@ -60,8 +59,8 @@ func TestParseInterface(t *testing.T) {
 func TestConfigDefaults(t *testing.T) {
 	c := Config{Interfaces: []Interface{{Name: "eth1"}}}.withDefaults()
 	if c.SocketPath != "/run/bypassd/bypassd.sock" || c.SocketMode != 0o660 || c.RunDir != "/run/bypassd" ||
-		c.StatsDir != "/run/bypassd/stats" || c.QueueBytes != 1<<20 || c.MaxSockets != 1024 ||
-		c.MaxQueueMemory != 256<<20 || c.Frames != 4096 {
+		c.StatsDir != "/run/bypassd/stats" || c.QueueBytes != 1<<20 || c.MaxSockets != 16384 ||
+		c.MaxQueueMemory != 32<<30 || c.Frames != 4096 {
 		t.Errorf("defaults: %+v", c)
 	}
 	r, err := Config{Interfaces: []Interface{{Name: "eth1"}}}.resolve()
@@ -92,7 +91,9 @@ func TestConfigValidate(t *testing.T) {
 		{"queue small", func(c *Config) { c.QueueBytes = 1024 }, "power of two"},
 		{"queue odd", func(c *Config) { c.QueueBytes = 5000 }, "power of two"},
 		{"queue big", func(c *Config) { c.QueueBytes = 32 << 20 }, "16 MiB"},
-		{"max sockets", func(c *Config) { c.MaxSockets = -1 }, "at least 1"},
+		{"max sockets", func(c *Config) { c.MaxSockets = -1 }, "must be 1 to"},
+		{"too many sockets", func(c *Config) { c.MaxSockets = 1 << 20 }, "must be 1 to 262144"},
+		{"too much memory", func(c *Config) { c.MaxQueueMemory = 1 << 50 }, "64 TiB"},
 		{"memory", func(c *Config) { c.MaxQueueMemory = 4096 }, "too small"},
 		{"frames", func(c *Config) { c.Frames = 100 }, "power of two"},
 		{"xdp mode", func(c *Config) { c.XDPMode = bpf.AttachMode(7) }, "auto, native or generic"},
@@ -130,19 +131,6 @@ func TestPollMicros(t *testing.T) {
 	for d, want := range map[time.Duration]int32{0: 0, -1: -1, -time.Second: -1, 50 * time.Microsecond: 50, 1500 * time.Nanosecond: 1} {
 		if got := pollMicros(d); got != want {
 			t.Errorf("pollMicros(%v) = %d, want %d", d, got, want)
-		}
-	}
-}
-
-func TestSocketMemory(t *testing.T) {
-	page := os.Getpagesize()
-	for _, q := range []int{4096, 1 << 20, 16 << 20} {
-		n := socketMemory(q)
-		if n%page != 0 || n < 2*shmq.Size(q) || n-2*shmq.Size(q) >= page {
-			t.Errorf("socketMemory(%d) = %d", q, n)
-		}
-		if off := rxOffset(q); off%64 != 0 || off < shmq.Size(q) || off+shmq.Size(q) > n {
-			t.Errorf("rxOffset(%d) = %d", q, off)
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/pacing"
 )
@@ -88,6 +89,9 @@ type ringInfo struct {
 	down atomic.Pointer[error]
 	// homed counts the sockets whose home this ring is (see homeRing).
 	homed atomic.Int64
+	// doorbell wakes the ring's engine; owned here so that a ring opened
+	// again keeps the doorbell every session received at HELLO.
+	doorbell *shmq.Waiter
 }
 
 // ring returns the ring now serving ri.
@@ -163,7 +167,12 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 	cpus := engineCPUs(rc.Interfaces, rc.CPUs, func(name string) string { return d.device(name).bus })
 	for k, it := range rc.Interfaces {
 		rlog := log.With(zap.String("iface", it.Name), zap.Int("queue", it.Queue))
+		bell, err := shmq.NewWaiter()
+		if err != nil {
+			return nil, fmt.Errorf("daemon: ring %s doorbell: %w", it, err)
+		}
 		rcfg := ring.Config{
+			Doorbell:         bell,
 			Fallback:         fallback,
 			HWTimestamps:     hwts,
 			Interface:        it.Name,
@@ -182,12 +191,13 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 		}
 		r, err := ring.Open(rcfg)
 		if err != nil {
+			_ = bell.Close()
 			if errors.Is(err, unix.EBUSY) {
 				return nil, fmt.Errorf("daemon: open ring %s: %w (another bypassd, or another AF_XDP/XDP user, probably holds it: check `ps -C bypassd` and `bpftool net`)", it, err)
 			}
 			return nil, fmt.Errorf("daemon: open ring %s: %w", it, err)
 		}
-		ri := &ringInfo{it: it, log: rlog, cfg: rcfg}
+		ri := &ringInfo{it: it, log: rlog, cfg: rcfg, doorbell: bell}
 		ri.r.Store(r)
 		d.rings = append(d.rings, ri)
 	}
@@ -445,6 +455,7 @@ func (d *Daemon) release() error {
 		if err := d.rings[i].ring().Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close ring %s: %w", d.rings[i].it, err))
 		}
+		_ = d.rings[i].doorbell.Close()
 	}
 	d.rings = nil
 	if d.nl != nil {

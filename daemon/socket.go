@@ -3,7 +3,6 @@ package daemon
 import (
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 
 	"go.uber.org/zap"
@@ -11,35 +10,33 @@ import (
 
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/internal/shmsess"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/pacing"
 )
 
-// socket is one client socket: its shared memory, its eventfds and, once
-// bound, its ring endpoint. Only its session's goroutine touches it.
+// socket is one client socket: its queues in the session memory and,
+// once bound, its ring endpoint. Only its session's goroutine touches it.
 type socket struct {
 	// unhomed: close has taken the socket off its home ring's count.
 	unhomed    bool
 	id         uint32
 	family     uint16 // unix.AF_INET or unix.AF_INET6
 	queueBytes int
-	// mem is the daemon's mapping of the memfd: TX queue at 0, RX queue at
-	// rxOffset. tx and rx are the two queues' memory within it.
-	mem    []byte
+	// q is where its queues are in the session memory; tx and rx are
+	// their memory.
+	q      queuePair
 	tx, rx []byte
 	// txq and rxq view the two queues, for their occupancy only (the
-	// engine and the client own the indexes).
+	// engine and the client own the indexes). Made without reading the
+	// memory, and read only once the socket carried traffic, so that idle
+	// sockets' pages stay out of the daemon.
 	txq, rxq *shmq.Queue
 	// rxMax and txMax are the highest occupancy the stats publisher saw
 	// since the last reset (guarded by the session's pub).
 	rxMax, txMax uint64
-	// rxWait and txWait are the daemon's ends of the eventfds the client
-	// sleeps on, until the socket is bound. A bind hands the endpoint
-	// duplicates, so a failed bind (which closes what it was given) leaves
-	// these usable for the next attempt; a successful one closes them.
-	rxWait, txWait *shmq.Waiter
-	// home is the ring whose doorbell the client got at OPEN; the socket
-	// can bind on it only.
+	// home is the socket's lane's ring (the lane number the client got at
+	// OPEN); the socket can bind on it only.
 	home *ringInfo
 	ep   *ring.Endpoint
 
@@ -61,55 +58,24 @@ type socket struct {
 // pendingGroup is a multicast membership requested before the bind.
 type pendingGroup struct{ group, source netip.Addr }
 
-// rxOffset is where the RX queue starts in a socket's memfd: right after
-// the TX queue (shmq.Size is a multiple of 256, so it stays cache-line
-// aligned).
-func rxOffset(queueBytes int) int { return shmq.Size(queueBytes) }
-
-// socketMemory is the memfd size of a socket with the given queue size:
-// both queues, rounded up to whole pages.
-func socketMemory(queueBytes int) int {
-	page := os.Getpagesize()
-	n := 2 * shmq.Size(queueBytes)
-	return (n + page - 1) / page * page
-}
-
-// newSocket creates a socket's memfd with both queues formatted, and its
-// eventfds. It returns the memfd, which the caller sends and then closes.
-func newSocket(id uint32, family uint16, queueBytes int, home *ringInfo) (_ *socket, memfd int, err error) {
-	k := &socket{id: id, family: family, queueBytes: queueBytes, home: home, hdr: ring.DefaultHeaderOptions}
-	home.homed.Add(1)
-	size := socketMemory(queueBytes)
-	memfd, k.mem, err = shmq.CreateMemfd(fmt.Sprintf("bypassd-socket-%d", id), size)
+// newSocket carves a socket's queues out of the session memory.
+func newSocket(id uint32, family uint16, queueBytes int, home *ringInfo, m *sessionMemory) (*socket, error) {
+	p, err := m.alloc(queueBytes)
 	if err != nil {
-		return nil, -1, fmt.Errorf("create shared memory of %d bytes: %w", size, err)
+		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			k.close()
-			unix.Close(memfd)
-		}
-	}()
-	qs := shmq.Size(queueBytes)
-	k.tx = k.mem[:qs:qs]
-	k.rx = k.mem[rxOffset(queueBytes) : rxOffset(queueBytes)+qs : rxOffset(queueBytes)+qs]
-	if k.txq, err = shmq.Init(k.tx, queueBytes); err != nil {
-		return nil, -1, fmt.Errorf("format TX queue: %w", err)
-	}
-	if k.rxq, err = shmq.Init(k.rx, queueBytes); err != nil {
-		return nil, -1, fmt.Errorf("format RX queue: %w", err)
-	}
-	if k.rxWait, err = shmq.NewWaiter(); err != nil {
-		return nil, -1, fmt.Errorf("RX eventfd: %w", err)
-	}
-	if k.txWait, err = shmq.NewWaiter(); err != nil {
-		return nil, -1, fmt.Errorf("TX eventfd: %w", err)
-	}
-	return k, memfd, nil
+	k := &socket{id: id, family: family, queueBytes: queueBytes, home: home, hdr: ring.DefaultHeaderOptions, q: p,
+		tx: m.queue(p.txOff, queueBytes), rx: m.queue(p.rxOff, queueBytes)}
+	home.homed.Add(1)
+	// Cannot fail: the arena hands out page-aligned ranges of this size.
+	k.txq, _ = shmq.AttachFresh(k.tx, queueBytes)
+	k.rxq, _ = shmq.AttachFresh(k.rx, queueBytes)
+	return k, nil
 }
 
-// close releases everything the socket holds. The endpoint goes first:
-// once its Close returns the engine no longer touches the memory.
+// close releases what the socket holds except its session memory (see
+// session.closeSocket). The endpoint goes first: once its Close returns the
+// engine no longer touches the memory.
 func (k *socket) close() {
 	if !k.unhomed {
 		k.unhomed = true
@@ -123,25 +89,6 @@ func (k *socket) close() {
 		k.home.rates.Release(k.rate)
 		k.rate = nil
 	}
-	if k.rxWait != nil {
-		_ = k.rxWait.Close()
-	}
-	if k.txWait != nil {
-		_ = k.txWait.Close()
-	}
-	if k.mem != nil {
-		_ = shmq.Unmap(k.mem)
-		k.mem, k.tx, k.rx, k.txq, k.rxq = nil, nil, nil, nil, nil
-	}
-}
-
-// dupWaiter returns a new Waiter on a duplicate of w's eventfd.
-func dupWaiter(w *shmq.Waiter) (*shmq.Waiter, error) {
-	fd, err := unix.FcntlInt(uintptr(w.FD()), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("duplicate eventfd: %w", err)
-	}
-	return shmq.NewWaiterFD(fd)
 }
 
 // onOpen creates a socket and sends its memfd and eventfds.
@@ -164,7 +111,10 @@ func (s *session) onOpen(h ctlproto.Header, m *ctlproto.Open) bool {
 	if err := checkQueueBytes(qb); err != nil {
 		return s.fail(h, fmt.Errorf("%w: %w", err, unix.EINVAL))
 	}
-	size := int64(socketMemory(qb))
+	if s.mem == nil {
+		return s.fail(h, fmt.Errorf("OPEN in a session that said HELLO with NO_SOCKETS: %w", unix.EINVAL))
+	}
+	size := shmsess.SocketSpan(qb)
 	if s.queueMem+size > cfg.MaxQueueMemory {
 		s.limitLog("queue memory limit reached: further OPENs fail with ENOMEM (raise --max-queue-memory or open smaller queues)",
 			zap.Int64("max_queue_memory", cfg.MaxQueueMemory), zap.Int64("in_use", s.queueMem))
@@ -176,23 +126,17 @@ func (s *session) onOpen(h ctlproto.Header, m *ctlproto.Open) bool {
 		return s.fail(h, err)
 	}
 	id := s.newSocketID()
-	k, memfd, err := newSocket(id, m.Family, qb, home)
+	k, err := newSocket(id, m.Family, qb, home, s.mem)
 	if err != nil {
+		s.limitLog("session memory full: further OPENs fail with ENOMEM (raise --max-queue-memory or open smaller queues)", zap.Error(err))
 		return s.fail(h, err)
 	}
 	rh := ctlproto.ReplyHeader(h)
 	rh.Socket = id
-	fds := [ctlproto.FDsOpen]int{}
-	fds[ctlproto.FDMemfd] = memfd
-	fds[ctlproto.FDRXWait] = k.rxWait.FD()
-	fds[ctlproto.FDTXWait] = k.txWait.FD()
-	fds[ctlproto.FDDoorbell] = k.home.ring().Doorbell().FD()
-	ok := s.reply(rh, ctlproto.OpenReply{QueueBytes: uint32(qb), MemfdSize: uint64(len(k.mem)),
-		TXOffset: 0, RXOffset: uint64(rxOffset(qb))}, fds[:]...)
-	// The client has its own copy now; the daemon keeps only the mapping.
-	unix.Close(memfd)
-	if !ok {
+	if !s.reply(rh, ctlproto.OpenReply{QueueBytes: uint32(qb), Slot: uint32(k.q.slot),
+		TXOffset: uint64(k.q.txOff), RXOffset: uint64(k.q.rxOff), Lane: uint16(s.d.ringIndex(home))}) {
 		k.close()
+		s.mem.free(k.q)
 		return false
 	}
 	s.pub.Lock()
@@ -236,8 +180,9 @@ func (s *session) closeSocket(k *socket) {
 	if ep != nil {
 		s.retire(ep)
 	}
+	s.mem.free(k.q)
 	delete(s.sockets, k.id)
-	s.queueMem -= int64(socketMemory(k.queueBytes))
+	s.queueMem -= shmsess.SocketSpan(k.queueBytes)
 	s.log.Debug("socket closed", zap.Uint32("socket", k.id))
 }
 
@@ -280,21 +225,12 @@ func (s *session) bind(k *socket, addr netip.AddrPort, reuse bool) (netip.AddrPo
 	if err := ri.downErr(); err != nil {
 		return netip.AddrPort{}, fmt.Errorf("bind %v: %w", addr, err)
 	}
-	rxw, err := dupWaiter(k.rxWait)
+	r := ri.ring()
+	ep, err := r.Bind(addr, ring.BindOptions{ReuseAddr: reuse || k.reuseAddr,
+		Queues: &ring.Queues{TX: k.tx, RX: k.rx, QueueBytes: k.queueBytes,
+			Wake: ring.SessionWaker(s.mem.sess, k.q.slot, s.mem.wake),
+			Lane: s.mem.lane(r, s.d.ringIndex(ri)), Slot: k.q.slot}})
 	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("bind %v: %w", addr, err)
-	}
-	txw, err := dupWaiter(k.txWait)
-	if err != nil {
-		_ = rxw.Close()
-		return netip.AddrPort{}, fmt.Errorf("bind %v: %w", addr, err)
-	}
-	ep, err := ri.ring().Bind(addr, ring.BindOptions{ReuseAddr: reuse || k.reuseAddr,
-		Queues: &ring.Queues{TX: k.tx, RX: k.rx, RXWait: rxw, TXWait: txw}})
-	if err != nil {
-		// Bind may or may not have closed them; closing twice is harmless.
-		_ = rxw.Close()
-		_ = txw.Close()
 		return netip.AddrPort{}, err
 	}
 	ep.SetHeaderOptions(k.hdr)
@@ -309,11 +245,6 @@ func (s *session) bind(k *socket, addr netip.AddrPort, reuse bool) (netip.AddrPo
 	}
 	k.pending = nil
 	k.ep = ep
-	// The endpoint owns its duplicates now and a bound socket never binds
-	// again: drop the originals rather than hold two fds per socket.
-	_ = k.rxWait.Close()
-	_ = k.txWait.Close()
-	k.rxWait, k.txWait = nil, nil
 	s.log.Debug("socket bound", zap.Uint32("socket", k.id), zap.Stringer("addr", ep.LocalAddr()), zap.String("ring", ri.it.String()))
 	return ep.LocalAddr(), nil
 }

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/shmsess"
 	"github.com/bypassd/bypassd/internal/sockq"
 	"github.com/bypassd/bypassd/stats"
 )
@@ -182,7 +183,7 @@ func TestStatsCountPacketForPacket(t *testing.T) {
 			t.Errorf("socket %d: %d batches, %d wake-ups", sk.ID, c[stats.SockRXBatches], c[stats.SockRXWakeups])
 		}
 	}
-	if snap.Client.SocketsOpened != 2 || snap.Client.Sockets != 2 || snap.Client.QueueMemory != 2*int64(socketMemory(l.cfg.QueueBytes)) {
+	if snap.Client.SocketsOpened != 2 || snap.Client.Sockets != 2 || snap.Client.QueueMemory != 2*shmsess.SocketSpan(l.cfg.QueueBytes) {
 		t.Errorf("client block %+v", snap.Client)
 	}
 

@@ -48,14 +48,16 @@ type UDPConn struct {
 	network string // as the caller spelled it, for errors ("udp", "udp4", "udp6")
 	v6      bool   // family AF_INET6
 
-	// The queues' memory and the user side over them. The Client's
-	// policy decides how long waits spin before sleeping.
-	mem                      []byte
-	tx, rx                   *shmq.Queue
-	rxWait, txWait, doorbell *shmq.Waiter
-	q                        *sockq.Conn
-	policy                   shmq.Policy
-	maxQueued                int // largest payload the TX queue accepts
+	// The queues (in the Client's session memory, where slot is the
+	// socket's bit) and the user side over them. The Client's policy
+	// decides how long waits spin before sleeping.
+	slot           int
+	released       bool // teardown gave up the session memory (under life)
+	tx, rx         *shmq.Queue
+	rxWait, txWait *shmq.Signal
+	q              *sockq.Conn
+	policy         shmq.Policy
+	maxQueued      int // largest payload the TX queue accepts
 
 	// Set while the socket is opened, before any caller sees it, and never
 	// changed afterwards, so reads need no lock.
@@ -581,16 +583,17 @@ func (u *UDPConn) Close() error {
 }
 
 // teardown releases the process-local side once closed is set: it stops
-// pending calls, waits for them to leave the queues, then unmaps.
+// pending calls, waits for them to leave the queues, then lets go of the
+// session memory (unmapped with the last socket of a closed Client).
 func (u *UDPConn) teardown() {
 	u.q.Close()
 	u.life.Lock()
 	defer u.life.Unlock()
-	if u.mem != nil {
-		_ = shmq.Unmap(u.mem)
-		u.mem = nil
+	if !u.released {
+		u.released = true
+		u.c.cs.Forget(u.slot)
+		u.c.releaseSession()
 	}
-	_ = u.doorbell.Close()
 }
 
 // breakWith marks the socket unusable: the daemon is gone, or dropped it.
