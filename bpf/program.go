@@ -329,8 +329,10 @@ func (p *Program) AddFlow(f Flow, slot uint32) error {
 	}
 	if err := p.objs.Flows.Update(&k, &flowVal{Slot: slot}, ebpf.UpdateAny); err != nil {
 		if errors.Is(err, unix.E2BIG) {
-			return fmt.Errorf("bpf: add flow %s: flows map full (%d entries); remove flows or raise Options.MaxFlows: %w",
-				f, p.objs.Flows.MaxEntries(), err)
+			// ENOSPC, not the map's E2BIG: the errno a client gets for a
+			// full table (as for a full rate table).
+			return fmt.Errorf("bpf: add flow %s: flows map full (%d entries); close sockets or raise --max-flows: %w",
+				f, p.objs.Flows.MaxEntries(), unix.ENOSPC)
 		}
 		return fmt.Errorf("bpf: add flow %s: %w", f, err)
 	}

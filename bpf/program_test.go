@@ -345,8 +345,8 @@ func TestFlowMapAPI(t *testing.T) {
 	}
 
 	full := udp(netip.AddrPortFrom(a, 5002).String(), "")
-	if err := p.AddFlow(full, 0); !errors.Is(err, unix.E2BIG) || !strings.Contains(err.Error(), "MaxFlows") {
-		t.Fatalf("AddFlow into a full map: %v; want E2BIG mentioning MaxFlows", err)
+	if err := p.AddFlow(full, 0); !errors.Is(err, unix.ENOSPC) || !strings.Contains(err.Error(), "--max-flows") {
+		t.Fatalf("AddFlow into a full map: %v; want ENOSPC mentioning --max-flows", err)
 	}
 	if err := p.AddFlow(full, MaxSockets); err == nil || !strings.Contains(err.Error(), "out of range") {
 		t.Fatalf("AddFlow slot %d: %v", MaxSockets, err)

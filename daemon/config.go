@@ -35,6 +35,11 @@ const (
 	// fill, an idle socket commits 8 KiB.
 	DefaultMaxSockets           = 16384
 	DefaultMaxQueueMemory int64 = 32 << 30
+	// DefaultMaxFlows holds 100,000 bound sockets with room to spare (the
+	// kernel preallocates about 100 bytes per entry: 26 MB).
+	DefaultMaxFlows = 262144
+	// MaxFlowsLimit bounds --max-flows.
+	MaxFlowsLimit = 1 << 24
 	// MaxQueueMemoryLimit bounds --max-queue-memory (the session memory's
 	// arena, see internal/shmsess).
 	MaxQueueMemoryLimit int64 = 1 << 46
@@ -155,11 +160,17 @@ type Config struct {
 	// two in MinQueueBytes..MaxQueueBytes.
 	QueueBytes int
 	// MaxSockets is the most sockets one client connection may have open
-	// (default 1024); more fail with EMFILE.
+	// (default DefaultMaxSockets, at most 262144); more fail with EMFILE.
 	MaxSockets int
-	// MaxQueueMemory bounds the shared memory of one client connection's
-	// sockets, in bytes (default 256 MiB); more fail with ENOMEM.
+	// MaxQueueMemory bounds the queues of one client connection's sockets,
+	// in bytes (default DefaultMaxQueueMemory); more fail with ENOMEM. It
+	// is the size of the session's sparse memfd: address space, committed
+	// as the queues fill.
 	MaxQueueMemory int64
+	// MaxFlows is the capacity of each interface's flow steering map
+	// (default DefaultMaxFlows): a bind or join needing one more entry
+	// fails with ENOSPC and counts flows_full.
+	MaxFlows int
 
 	// Provider picks each ring's raw queue pair backend: "auto" (the
 	// default: verbs where the binary has it and the interface has an RDMA
@@ -256,6 +267,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxQueueMemory == 0 {
 		c.MaxQueueMemory = DefaultMaxQueueMemory
 	}
+	if c.MaxFlows == 0 {
+		c.MaxFlows = DefaultMaxFlows
+	}
 	if c.Frames == 0 {
 		c.Frames = DefaultFrames
 	}
@@ -348,6 +362,9 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if min := shmsess.SocketSpan(c.QueueBytes); c.MaxQueueMemory < min {
 		return r, fmt.Errorf("max queue memory %d bytes: too small for even one socket with %d-byte queues (needs %d)", c.MaxQueueMemory, c.QueueBytes, min)
+	}
+	if c.MaxFlows < 1 || c.MaxFlows > MaxFlowsLimit {
+		return r, fmt.Errorf("max flows %d: must be 1 to %d", c.MaxFlows, MaxFlowsLimit)
 	}
 	if c.MaxQueueMemory > MaxQueueMemoryLimit {
 		return r, fmt.Errorf("max queue memory %d bytes: at most %d (64 TiB) of address space per client", c.MaxQueueMemory, MaxQueueMemoryLimit)

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
@@ -37,8 +38,10 @@ type Daemon struct {
 	rings []*ringInfo
 	// devices are the served interfaces' NIC facts, probed at start.
 	devices []*deviceFacts
-	locks   []*ifaceLock
-	ln      *ctlproto.Listener
+	// limits are the process limits raised at start (raiseNofile).
+	limits ctldoc.Limits
+	locks  []*ifaceLock
+	ln     *ctlproto.Listener
 	// nl lists interface addresses in the daemon's network namespace (to
 	// learn which rings serve which address family).
 	nl   *netlink.Handle
@@ -113,6 +116,11 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 	d := &Daemon{cfg: rc, log: log, sessions: map[*session]struct{}{}, started: time.Now(), netns: netns.None(),
 		stop: make(chan struct{}), served: make(chan struct{})}
 	d.stats.clients = map[int]*clientStats{}
+	if d.limits, err = raiseNofile(); err != nil {
+		// Serve anyway, with fewer sockets.
+		log.Warn("cannot raise the open-file limit; the daemon serves fewer bound sockets", zap.Error(err))
+		err = nil
+	}
 	defer func() {
 		if err != nil {
 			_ = d.release()
@@ -185,6 +193,7 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 			Poll:             rc.EnginePoll,
 			RXPoll:           rc.RXPoll,
 			QueueBytes:       rc.QueueBytes,
+			MaxFlows:         rc.MaxFlows,
 			DevMemTX:         rc.DevMemTX,
 			DevMemInline:     rc.DevMemInline,
 			Log:              rlog,
@@ -208,7 +217,7 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 	if err := d.startMetrics(); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	log.Info("bypassd ready", zap.String("socket", rc.SocketPath), zap.Stringers("interfaces", rc.Interfaces),
+	log.Info("bypassd ready", zap.Uint64("nofile_soft", d.limits.NofileSoft), zap.Uint64("nofile_hard", d.limits.NofileHard), zap.String("socket", rc.SocketPath), zap.Stringers("interfaces", rc.Interfaces),
 		zap.Int("queue_bytes", rc.QueueBytes), zap.Int32("rx_poll_us", pollMicros(rc.RXPoll)),
 		zap.Duration("engine_poll", rc.EnginePoll), zap.Int("max_sockets", rc.MaxSockets),
 		zap.Int64("max_queue_memory", rc.MaxQueueMemory), zap.String("stats_dir", rc.StatsDir),

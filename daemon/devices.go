@@ -72,7 +72,7 @@ func (d *Daemon) device(ifname string) *deviceFacts {
 // queryDevices answers the devices topic: per served interface, the NIC's
 // facts and how its rings use them.
 func (d *Daemon) queryDevices(*session) (any, error) {
-	doc := ctldoc.DevicesDoc{Devices: []ctldoc.DeviceDoc{}}
+	doc := ctldoc.DevicesDoc{Devices: []ctldoc.DeviceDoc{}, Limits: d.limits}
 	for _, f := range d.devices {
 		dd := ctldoc.DeviceDoc{Interface: f.name, Driver: f.driver, BusInfo: f.bus,
 			RXQueues: f.rxQueues, TXQueues: f.txQueues, PHC: f.phc, Queues: []int{},

@@ -1,6 +1,7 @@
 package ring
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -566,6 +567,9 @@ func (r *Ring) addFlowLocked(f qp.Flow) error {
 			if err := s.AddFlow(f); err != nil {
 				for _, added := range steers[:i] {
 					_ = added.DeleteFlow(f)
+				}
+				if errors.Is(err, unix.ENOSPC) {
+					r.stats.FlowsFull.Add(1)
 				}
 				return err
 			}

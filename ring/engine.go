@@ -49,6 +49,9 @@ type Stats struct {
 	// no ring on the home queue); RXHandoffIn frames other rings passed to
 	// this one (counted before parsing, like RXBurst's frames).
 	RXHandedOff, RXHandoffDropped, RXHandoffIn atomic.Uint64
+	// FlowsFull counts binds and joins refused because the steering map
+	// was full (--max-flows).
+	FlowsFull atomic.Uint64
 	// Iterations counts engine iterations; TXVisits the endpoints the
 	// transmit passes visited (announced, due or still busy ones only:
 	// idle endpoints cost nothing, and tests check that with these).

@@ -52,7 +52,10 @@ type PathConfig struct {
 	// HWTimestamps asks for hardware receive timestamps on RX frames
 	// where the provider can deliver them (Caps.HWTimestamps reports it).
 	HWTimestamps bool
-	Log          *zap.Logger
+	// MaxFlows is the capacity of the interface's steering map (the
+	// first ring of the interface sizes it; 0: bpf.DefaultMaxFlows).
+	MaxFlows int
+	Log      *zap.Logger
 }
 
 // OpenPathFunc opens a provider and its steering. On error it leaves nothing

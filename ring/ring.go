@@ -117,6 +117,10 @@ type Config struct {
 	// lowers the conversion mode to what the interface supports and says
 	// why in its "ring open" log line (HWTimestampMode reports it).
 	HWTimestamps tsconv.Mode
+	// MaxFlows is the capacity of the interface's flow steering map
+	// (--max-flows; 0: bpf.DefaultMaxFlows). A bind that needs an entry
+	// in a full map fails with ENOSPC and counts Stats.FlowsFull.
+	MaxFlows int
 	// Doorbell, when not nil, is the eventfd that wakes the engine,
 	// owned by the caller: a ring opened again after its interface came
 	// back keeps the doorbell its clients already hold. Nil: the ring
@@ -271,7 +275,7 @@ func Open(cfg Config) (_ *Ring, err error) {
 	}
 	pc := PathConfig{Interface: cfg.Interface, Ifindex: r.ifindex, Queue: cfg.Queue, Queues: attrs.NumRxQueues,
 		MAC: r.mac, MTU: r.mtu, NS: r.ns, Frames: cfg.Frames, FrameSize: cfg.FrameSize, Copy: cfg.Copy,
-		XDPMode: cfg.XDPMode, DeviceMemory: cfg.DevMemTX, HWTimestamps: deviceStamps(cfg),
+		XDPMode: cfg.XDPMode, DeviceMemory: cfg.DevMemTX, HWTimestamps: deviceStamps(cfg), MaxFlows: cfg.MaxFlows,
 		Log: r.log}
 	if err = r.openPaths(pc); err != nil {
 		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)

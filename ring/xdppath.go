@@ -18,7 +18,7 @@ func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	sp, err := acquireProgram(key, bpf.Options{Mode: pc.XDPMode, RXTimestamps: pc.HWTimestamps, Queues: pc.Queues})
+	sp, err := acquireProgram(key, bpf.Options{Mode: pc.XDPMode, RXTimestamps: pc.HWTimestamps, Queues: pc.Queues, MaxFlows: uint32(pc.MaxFlows)})
 	if err != nil {
 		return nil, nil, fmt.Errorf("attach XDP program: %w", err)
 	}

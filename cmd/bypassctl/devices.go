@@ -26,7 +26,11 @@ func yesNo(b bool) string {
 }
 
 func printDevices(w io.Writer, doc any) error {
-	for i, d := range doc.(*ctldoc.DevicesDoc).Devices {
+	dd := doc.(*ctldoc.DevicesDoc)
+	if l := dd.Limits; l.NofileHard != 0 {
+		fmt.Fprintf(w, "daemon open files: soft limit %d, hard limit %d (one per bound socket, three per client)\n\n", l.NofileSoft, l.NofileHard)
+	}
+	for i, d := range dd.Devices {
 		if i > 0 {
 			fmt.Fprintln(w)
 		}

@@ -111,15 +111,18 @@ var settings = []setting{
 			return nil
 		}},
 	{name: "max-sockets", arg: "N", def: strconv.Itoa(daemon.DefaultMaxSockets),
-		usage: "most sockets one client connection may open",
+		usage: "most sockets one client connection may open (at most 262144)",
 		apply: func(o *options, v string) (err error) { o.cfg.MaxSockets, err = parseCount(v); return err }},
-	{name: "max-queue-memory", arg: "SIZE", def: "256M",
-		usage: "most queue memory one client connection may use",
+	{name: "max-queue-memory", arg: "SIZE", def: "32G",
+		usage: "address space for one client connection's queues (sparse: memory is committed as queues fill)",
 		apply: func(o *options, v string) error {
 			n, err := parseSize(v)
 			o.cfg.MaxQueueMemory = n
 			return err
 		}},
+	{name: "max-flows", arg: "N", def: strconv.Itoa(daemon.DefaultMaxFlows),
+		usage: "capacity of each interface's flow steering map (binds beyond it fail with ENOSPC)",
+		apply: func(o *options, v string) (err error) { o.cfg.MaxFlows, err = parseCount(v); return err }},
 	{name: "frames", arg: "N", def: strconv.Itoa(daemon.DefaultFrames),
 		usage: "UMEM frames per ring (power of two, at least 64)",
 		apply: func(o *options, v string) (err error) { o.cfg.Frames, err = parseCount(v); return err }},

@@ -33,7 +33,7 @@ func TestOptionsAll(t *testing.T) {
 	o, err := parseOptions([]string{
 		"-i", "eth1", "--interface", "eth2:3", "-i", "eth3:0-3", "--queues", "2", "--socket", "/tmp/x.sock", "--socket-mode", "0600",
 		"--socket-group", "0", "--stats-dir", "/tmp/st", "--run-dir", "/tmp/run", "--rx-poll", "-1",
-		"--engine-poll", "50", "--queue-bytes", "256K", "--max-sockets", "10", "--max-queue-memory", "1GiB",
+		"--engine-poll", "50", "--queue-bytes", "256K", "--max-sockets", "10", "--max-queue-memory", "1GiB", "--max-flows", "1000",
 		"--frames", "1024", "--xdp-mode", "generic", "--cpus", "1,3-4", "--log-level", "debug", "--log-format", "console",
 	}, env(nil))
 	if err != nil {
@@ -43,7 +43,7 @@ func TestOptionsAll(t *testing.T) {
 	want := []daemon.Interface{{Name: "eth1", Count: daemon.AllQueues}, {Name: "eth2", Queue: 3, Count: 1}, {Name: "eth3", Count: 4}}
 	if !slices.Equal(c.Interfaces, want) || c.Queues != 2 || c.SocketPath != "/tmp/x.sock" || c.SocketMode != 0o600 ||
 		c.SocketGroup != "0" || c.StatsDir != "/tmp/st" || c.RunDir != "/tmp/run" || c.RXPoll >= 0 ||
-		c.EnginePoll != 50*time.Microsecond || c.QueueBytes != 256<<10 || c.MaxSockets != 10 ||
+		c.EnginePoll != 50*time.Microsecond || c.QueueBytes != 256<<10 || c.MaxSockets != 10 || c.MaxFlows != 1000 ||
 		c.MaxQueueMemory != 1<<30 || c.Frames != 1024 || c.XDPMode != bpf.ModeGeneric ||
 		!slices.Equal(c.CPUs, []int{1, 3, 4}) || o.logLevel != zapcore.DebugLevel || o.logFormat != "console" {
 		t.Errorf("parsed %+v (level %v format %s)", c, o.logLevel, o.logFormat)

@@ -9,6 +9,17 @@ const TopicDevices = "devices"
 // DevicesDoc answers TopicDevices.
 type DevicesDoc struct {
 	Devices []DeviceDoc `json:"devices"`
+	// Limits are the daemon process's own limits that bound how many
+	// sockets it can serve.
+	Limits Limits `json:"limits"`
+}
+
+// Limits are the daemon's RLIMIT_NOFILE soft and hard limits (the soft
+// one raised to the hard one at start): every bound socket holds one
+// descriptor, its kernel port reservation.
+type Limits struct {
+	NofileSoft uint64 `json:"nofile_soft"`
+	NofileHard uint64 `json:"nofile_hard"`
 }
 
 // DeviceDoc is one interface the daemon serves.
