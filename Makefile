@@ -9,7 +9,7 @@ BIN      := bin
 APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev prometheus gcc libc6-dev make python3
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all deps build build-verbs test bench demo generate check-generated lint fmt clean
+.PHONY: all deps build build-verbs test bench scale demo generate check-generated lint fmt clean
 
 all: build
 
@@ -42,6 +42,11 @@ test: deps lint check-generated
 
 bench: deps build
 	scripts/bench.sh
+
+# scale: what idle sockets cost the daemon and a busy socket (minutes; not
+# part of bench). POINTS="0 1000 10000" for a shorter run.
+scale: deps build
+	scripts/bench-scale.sh
 
 demo: deps build
 	scripts/demo.sh
