@@ -19,6 +19,7 @@ import (
 	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/internal/shmsess"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/pacing"
 )
@@ -139,6 +140,10 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 		return rxQueueCount(d.nl, name)
 	}); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	if n := len(rc.Interfaces); n > shmsess.MaxLanes {
+		// Every session gets a doorbell per ring (protocol version 2).
+		return nil, fmt.Errorf("daemon: %d rings: at most %d per daemon; serve fewer queues (--queues N, or IF:A-B)", n, shmsess.MaxLanes)
 	}
 	if err := checkDevMem(rc.Config); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
