@@ -1,9 +1,7 @@
 package ring_test
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"io"
 	"net"
 	"net/netip"
@@ -37,30 +35,11 @@ func exchange(t *testing.T, c net.Conn, out []byte) []byte {
 	return in
 }
 
-// kernelPeer serves one connection: reads until EOF, answers with the
-// SHA-256 of what it read followed by reply, and closes.
-func kernelPeer(c net.Conn, reply []byte) error {
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-	h := sha256.New()
-	if _, err := io.Copy(h, c); err != nil {
-		return err
-	}
-	if _, err := c.Write(h.Sum(nil)); err != nil {
-		return err
-	}
-	_, err := c.Write(reply)
-	return err
-}
-
+// checkAnswer checks a HashPeer's answer to sent.
 func checkAnswer(t *testing.T, sent, got, reply []byte) {
 	t.Helper()
-	sum := sha256.Sum256(sent)
-	if len(got) < len(sum) || !bytes.Equal(got[:len(sum)], sum[:]) {
-		t.Fatalf("peer's hash of %d sent bytes does not match (got %d bytes back)", len(sent), len(got))
-	}
-	if !bytes.Equal(got[len(sum):], reply) {
-		t.Fatalf("reply: got %d bytes, want %d byte-exact", len(got)-len(sum), len(reply))
+	if err := netlab.CheckHashReply(sent, got, reply); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -88,7 +67,7 @@ func TestTCPWithKernelPeer(t *testing.T) {
 		go func() {
 			c, err := kl.Accept()
 			if err == nil {
-				err = kernelPeer(c, reply)
+				err = netlab.HashPeer(c, reply, 30*time.Second)
 			}
 			errc <- err
 		}()
@@ -114,7 +93,7 @@ func TestTCPWithKernelPeer(t *testing.T) {
 		go func() {
 			kc, err := p.B.NS.DialTCP(rl.LocalAddr(), 5*time.Second)
 			if err == nil {
-				err = kernelPeer(kc, reply)
+				err = netlab.HashPeer(kc, reply, 30*time.Second)
 			}
 			errc <- err
 		}()

@@ -1,9 +1,7 @@
 package socket
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -49,22 +47,6 @@ func (l *tcpLab) kernelOpens(t *testing.T) uint64 {
 	return l.p.A.NS.TCPStat(t, "ActiveOpens") + l.p.A.NS.TCPStat(t, "PassiveOpens")
 }
 
-// hashPeer serves one kernel connection: reads to EOF, answers with the
-// SHA-256 of what it read and then reply, and closes.
-func hashPeer(c net.Conn, reply []byte) error {
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
-	h := sha256.New()
-	if _, err := io.Copy(h, c); err != nil {
-		return err
-	}
-	if _, err := c.Write(h.Sum(nil)); err != nil {
-		return err
-	}
-	_, err := c.Write(reply)
-	return err
-}
-
 // streamExchange writes out, half-closes and reads to EOF; it checks the
 // peer's hash of out and the reply byte for byte.
 func streamExchange(t *testing.T, c *TCPConn, out, reply []byte) {
@@ -95,12 +77,8 @@ func streamExchangeDiag(t *testing.T, c *TCPConn, out, reply []byte, diag func()
 	if err := <-errc; err != nil {
 		t.Fatalf("write: %v", err)
 	}
-	sum := sha256.Sum256(out)
-	if len(in) < len(sum) || !bytes.Equal(in[:len(sum)], sum[:]) {
-		t.Fatalf("the peer's hash of the %d bytes sent does not match (%d bytes back)", len(out), len(in))
-	}
-	if !bytes.Equal(in[len(sum):], reply) {
-		t.Fatalf("reply: %d bytes, want %d byte-exact", len(in)-len(sum), len(reply))
+	if err := netlab.CheckHashReply(out, in, reply); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -135,7 +113,7 @@ func TestTCPDialAndAccept(t *testing.T) {
 				go func() {
 					c, err := kl.Accept()
 					if err == nil {
-						err = hashPeer(c, reply)
+						err = netlab.HashPeer(c, reply, 60*time.Second)
 					}
 					errc <- err
 				}()
@@ -167,7 +145,7 @@ func TestTCPDialAndAccept(t *testing.T) {
 				go func() {
 					kc, err := l.p.B.NS.DialTCP(laddr, 10*time.Second)
 					if err == nil {
-						err = hashPeer(kc, reply)
+						err = netlab.HashPeer(kc, reply, 60*time.Second)
 					}
 					errc <- err
 				}()
@@ -294,7 +272,7 @@ func TestTCPClientKilled(t *testing.T) {
 	// Still serving: a new connection works.
 	go func() {
 		if c, err := kl.Accept(); err == nil {
-			_ = hashPeer(c, []byte("after"))
+			_ = netlab.HashPeer(c, []byte("after"), 60*time.Second)
 		}
 	}()
 	c, err := l.c.DialTCP("tcp4", netip.AddrPort{}, kl.Addr().(*net.TCPAddr).AddrPort())
@@ -338,7 +316,7 @@ func TestTCPLoss(t *testing.T) {
 			go func() {
 				c, err := kl.Accept()
 				if err == nil {
-					err = hashPeer(c, reply)
+					err = netlab.HashPeer(c, reply, 60*time.Second)
 				}
 				errc <- err
 			}()
