@@ -58,6 +58,9 @@ func Create(cfg DeviceConfig) (_ *Device, err error) {
 	cfg.TxQueueLen = max(cfg.TxQueueLen, 8192)
 	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
+		if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+			return nil, fmt.Errorf("tap %s: open /dev/net/tun: %w (the TAP fallback needs root or CAP_NET_ADMIN with access to /dev/net/tun; or run with --fallback none)", cfg.Name, err)
+		}
 		return nil, fmt.Errorf("tap %s: open /dev/net/tun: %w (is the tun module loaded? `modprobe tun`)", cfg.Name, err)
 	}
 	d := &Device{name: cfg.Name}
@@ -75,6 +78,9 @@ func Create(cfg DeviceConfig) (_ *Device, err error) {
 	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
 		if errors.Is(err, unix.EBUSY) {
 			return nil, fmt.Errorf("tap %s: the device exists and is in use (another bypassd on this interface?): %w", cfg.Name, err)
+		}
+		if errors.Is(err, unix.EPERM) {
+			return nil, fmt.Errorf("tap %s: TUNSETIFF: %w (creating a TAP device needs CAP_NET_ADMIN: grant it, or run with --fallback none)", cfg.Name, err)
 		}
 		return nil, fmt.Errorf("tap %s: TUNSETIFF: %w", cfg.Name, err)
 	}
