@@ -684,12 +684,11 @@ int bpd_sock_sendmmsg(struct bpd_sock *s, struct mmsghdr *v, unsigned n, int fla
  * datagram, unless one arrived meanwhile (then the eventfd stays readable). */
 static void rx_rearm(struct bpd_sock *s)
 {
-	/* Version 1: a flag still armed means the daemon has not written the
-	 * eventfd since the last drain. Version 2 cannot skip the read: the
-	 * monitor writes the eventfd after the daemon cleared the flag. */
-	if (bpd_session_version(s->sess) == 1 &&
-	    atomic_load_explicit(s->rx.cons_waiting, memory_order_seq_cst))
-		return;
+	/* Always read, in both versions: the producer writes the eventfd after
+	 * it cleared "waiting", so a write for a datagram already received can
+	 * land after the flag was re-armed; skipping the read while the flag is
+	 * armed left the fd readable on an empty queue (an edge-triggered epoll
+	 * then reported an event after draining). */
 	bpd_eventfd_drain(s->rxfd);
 	if (bpq_arm_read_wait(&s->rx)) {
 		bpq_disarm_read_wait(&s->rx);
