@@ -37,7 +37,7 @@ build-verbs: deps
 # BYPASSD_REQUIRE_PRIV says, since no CI machine has one.
 test: deps lint check-generated
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
-	$(GO) test -tags verbs -race -count=1 ./ring/verbs/...
+	$(GO) test -tags verbs -race -count=1 ./ring/provider/verbs/...
 	$(GO) test -tags verbs -race -count=1 -run 'Verbs|Provider' ./ring/ ./daemon/
 
 bench: deps build

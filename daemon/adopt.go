@@ -15,7 +15,7 @@ import (
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
-	"github.com/bypassd/bypassd/ring/pacing"
+	"github.com/bypassd/bypassd/ring/sched/pacing"
 )
 
 // The new daemon's side of a live upgrade (see handover.go for the old

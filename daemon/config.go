@@ -17,8 +17,8 @@ import (
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
-	"github.com/bypassd/bypassd/ring/pacing"
-	"github.com/bypassd/bypassd/ring/tsconv"
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
+	"github.com/bypassd/bypassd/ring/sched/pacing"
 	"github.com/bypassd/bypassd/stats"
 )
 

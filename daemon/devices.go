@@ -8,9 +8,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/ctldoc"
+	"github.com/bypassd/bypassd/ring/clock/phc"
 	"github.com/bypassd/bypassd/ring/ntuple"
-	"github.com/bypassd/bypassd/ring/phc"
-	"github.com/bypassd/bypassd/ring/verbs"
+	"github.com/bypassd/bypassd/ring/provider/verbs"
 )
 
 // deviceFacts is what the daemon learned about an interface's NIC at start,

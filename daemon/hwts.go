@@ -6,7 +6,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bypassd/bypassd/ring"
-	"github.com/bypassd/bypassd/ring/tsconv"
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
 )
 
 // hwTimestampMode resolves the requested hardware timestamp conversion mode

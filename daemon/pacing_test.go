@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/ring/pacing"
+	"github.com/bypassd/bypassd/ring/sched/pacing"
 )
 
 func pacingStruct(kbps, burst uint32, typical uint16, size int) []byte {

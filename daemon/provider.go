@@ -7,7 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bypassd/bypassd/ring"
-	"github.com/bypassd/bypassd/ring/verbs"
+	"github.com/bypassd/bypassd/ring/provider/verbs"
 )
 
 // ProviderAuto lets the daemon pick each interface's provider.

@@ -7,7 +7,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/bypassd/bypassd/ring/verbs"
+	"github.com/bypassd/bypassd/ring/provider/verbs"
 )
 
 func TestCheckProvider(t *testing.T) {

@@ -14,9 +14,9 @@ import (
 
 	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/internal/sockq"
-	"github.com/bypassd/bypassd/ring/pacing"
 	"github.com/bypassd/bypassd/ring/qp"
 	"github.com/bypassd/bypassd/ring/route"
+	"github.com/bypassd/bypassd/ring/sched/pacing"
 )
 
 // Endpoint is a UDP socket bound on a ring: the engine side of its two

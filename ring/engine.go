@@ -14,12 +14,12 @@ import (
 
 	"github.com/bypassd/bypassd/internal/dgram"
 	"github.com/bypassd/bypassd/internal/shmq"
-	"github.com/bypassd/bypassd/ring/pacing"
-	"github.com/bypassd/bypassd/ring/packet"
 	"github.com/bypassd/bypassd/ring/qp"
-	"github.com/bypassd/bypassd/ring/reassembly"
 	"github.com/bypassd/bypassd/ring/route"
+	"github.com/bypassd/bypassd/ring/sched/pacing"
 	"github.com/bypassd/bypassd/ring/sched/qos"
+	"github.com/bypassd/bypassd/ring/wire/packet"
+	"github.com/bypassd/bypassd/ring/wire/reassembly"
 )
 
 // Stats are a ring's counters. The engine updates them once per burst.

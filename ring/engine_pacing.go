@@ -8,8 +8,8 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/ring/pacing"
 	"github.com/bypassd/bypassd/ring/qp"
+	"github.com/bypassd/bypassd/ring/sched/pacing"
 )
 
 // Pacing in the engine. A paced endpoint's datagrams stay in its TX queue

@@ -4,8 +4,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/bypassd/bypassd/ring/packet"
 	"github.com/bypassd/bypassd/ring/sched/qos"
+	"github.com/bypassd/bypassd/ring/wire/packet"
 )
 
 // Traffic classes in the engine. Every transmit pass files the endpoints

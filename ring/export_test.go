@@ -1,6 +1,6 @@
 package ring
 
-import "github.com/bypassd/bypassd/ring/afxdp"
+import "github.com/bypassd/bypassd/ring/provider/afxdp"
 
 // RXMetadataStats reports the AF_XDP provider's count of frames that
 // carried the XDP program's metadata, and of those with a hardware stamp.

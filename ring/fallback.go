@@ -13,8 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/ring/provider/tapfd"
 	"github.com/bypassd/bypassd/ring/qp"
-	taprov "github.com/bypassd/bypassd/ring/tap"
 	"github.com/bypassd/bypassd/tap"
 )
 
@@ -108,7 +108,7 @@ type fallbackState struct {
 	// read without it (the engine uses fp's copy).
 	prim    atomic.Pointer[path]
 	standby *path
-	tapProv *taprov.Provider
+	tapProv *tapfd.Provider
 	tapDev  *tap.Device
 	fp      *fallbackProvider
 	pc      PathConfig
@@ -126,7 +126,7 @@ type fallbackState struct {
 func (r *Ring) openPaths(pc PathConfig) (err error) {
 	fs := &r.fb
 	fs.mode, fs.pc, fs.name = r.cfg.Fallback, pc, r.cfg.Provider
-	if fs.name == taprov.Name {
+	if fs.name == tapfd.Name {
 		fs.mode = FallbackTAP
 	}
 	// Leftovers of a dead daemon's TAP path redirect to a TAP that is
@@ -153,12 +153,12 @@ func (r *Ring) openPaths(pc PathConfig) (err error) {
 		r.prov = fs.prim.Load().prov
 		return nil
 	}
-	p, err := openPath(taprov.Name, pc)
+	p, err := openPath(tapfd.Name, pc)
 	if err != nil {
 		return fmt.Errorf("TAP path: %w", err)
 	}
 	fs.standby = &p
-	fs.tapProv = p.prov.(*taprov.Provider)
+	fs.tapProv = p.prov.(*tapfd.Provider)
 	fs.tapDev = fs.tapProv.Device()
 	var prim qp.Provider
 	if fast := fs.prim.Load(); fast != nil {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/bypassd/bypassd/internal/netlab"
-	"github.com/bypassd/bypassd/ring/packet"
+	"github.com/bypassd/bypassd/ring/wire/packet"
 )
 
 func TestInboxFIFOAndFull(t *testing.T) {

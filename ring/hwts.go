@@ -7,8 +7,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bypassd/bypassd/internal/dgram"
-	"github.com/bypassd/bypassd/ring/phc"
-	"github.com/bypassd/bypassd/ring/tsconv"
+	"github.com/bypassd/bypassd/ring/clock/phc"
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
 )
 
 // HWTimestampSupport is what an interface offers for hardware receive

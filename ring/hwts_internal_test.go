@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/bypassd/bypassd/internal/dgram"
-	"github.com/bypassd/bypassd/ring/tsconv"
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
 )
 
 // offsetClock is a hardware clock running a fixed offset from the system

@@ -12,7 +12,7 @@ import (
 
 	"github.com/bypassd/bypassd/internal/dgram"
 	"github.com/bypassd/bypassd/ring"
-	"github.com/bypassd/bypassd/ring/tsconv"
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
 )
 
 // Every datagram received through AF_XDP, and through the TAP path,

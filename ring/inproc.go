@@ -7,7 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/sockq"
-	"github.com/bypassd/bypassd/ring/packet"
+	"github.com/bypassd/bypassd/ring/wire/packet"
 )
 
 // The in-process user side of an endpoint bound with BindUDP (or Bind

@@ -5,7 +5,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/bypassd/bypassd/ring/afxdp"
+	"github.com/bypassd/bypassd/ring/provider/afxdp"
 )
 
 // The interface MTU at run time. Open reads the MTU once and sizes the

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/bypassd/bypassd/ring"
-	"github.com/bypassd/bypassd/ring/pacing"
 	"github.com/bypassd/bypassd/ring/qp"
+	"github.com/bypassd/bypassd/ring/sched/pacing"
 )
 
 // rateLimited is the AF_XDP provider dressed as a device that paces in

@@ -17,7 +17,7 @@ import (
 
 	"github.com/bypassd/bypassd/internal/arrivals"
 	"github.com/bypassd/bypassd/ring"
-	"github.com/bypassd/bypassd/ring/pacing"
+	"github.com/bypassd/bypassd/ring/sched/pacing"
 )
 
 // blast sends size-byte datagrams from ep to dst until ctx ends; Send

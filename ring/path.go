@@ -11,7 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bypassd/bypassd/bpf"
-	"github.com/bypassd/bypassd/ring/afxdp"
+	"github.com/bypassd/bypassd/ring/provider/afxdp"
 	"github.com/bypassd/bypassd/ring/qp"
 )
 

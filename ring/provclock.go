@@ -5,7 +5,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/bypassd/bypassd/ring/tsconv"
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
 )
 
 // clockProvider is a provider that reads its device's clock itself (verbs:

@@ -7,8 +7,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
 	"github.com/bypassd/bypassd/ring/qp"
-	"github.com/bypassd/bypassd/ring/tsconv"
 )
 
 // sysClock is a "device" clock that is the system clock itself.

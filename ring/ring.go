@@ -18,7 +18,7 @@
 //
 // The package does not own the XDP program (package bpf), the TAP devices
 // and tc filters of the fallback path (package tap), header encoding
-// (ring/packet), fragment reassembly (ring/reassembly), next-hop lookup
+// (ring/wire/packet), fragment reassembly (ring/wire/reassembly), next-hop lookup
 // (ring/route) or client sessions (package daemon).
 package ring
 
@@ -40,12 +40,12 @@ import (
 
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/internal/shmq"
-	"github.com/bypassd/bypassd/ring/afxdp"
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
+	"github.com/bypassd/bypassd/ring/provider/afxdp"
 	"github.com/bypassd/bypassd/ring/qp"
-	"github.com/bypassd/bypassd/ring/reassembly"
 	"github.com/bypassd/bypassd/ring/route"
 	"github.com/bypassd/bypassd/ring/sched/qos"
-	"github.com/bypassd/bypassd/ring/tsconv"
+	"github.com/bypassd/bypassd/ring/wire/reassembly"
 )
 
 // Config describes one ring.

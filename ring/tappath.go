@@ -3,15 +3,15 @@ package ring
 import (
 	"fmt"
 
-	"github.com/bypassd/bypassd/ring/afxdp"
+	"github.com/bypassd/bypassd/ring/provider/afxdp"
+	"github.com/bypassd/bypassd/ring/provider/tapfd"
 	"github.com/bypassd/bypassd/ring/qp"
-	taprov "github.com/bypassd/bypassd/ring/tap"
 	"github.com/bypassd/bypassd/tap"
 )
 
 // The TAP path: a TAP device per ring, fed by tc filters on the NIC (package
-// tap), read and written by the ring/tap provider.
-func init() { RegisterProvider(taprov.Name, openTAPPath) }
+// tap), read and written by the ring/provider/tapfd provider.
+func init() { RegisterProvider(tapfd.Name, openTAPPath) }
 
 func openTAPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	// The TAP queues at least as many frames as the fast path's receive
@@ -23,7 +23,7 @@ func openTAPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	}
 	// TAP buffers are plain memory: one holds a whole frame of the
 	// interface's MTU whatever the fast path's frame size.
-	prov, err := taprov.New(dev, taprov.Config{FrameSize: max(pc.FrameSize, pc.MTU+afxdp.FrameOverhead), Frames: pc.Frames})
+	prov, err := tapfd.New(dev, tapfd.Config{FrameSize: max(pc.FrameSize, pc.MTU+afxdp.FrameOverhead), Frames: pc.Frames})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -3,8 +3,8 @@
 package ring
 
 import (
+	"github.com/bypassd/bypassd/ring/provider/verbs"
 	"github.com/bypassd/bypassd/ring/qp"
-	"github.com/bypassd/bypassd/ring/verbs"
 )
 
 // The verbs path (binaries built with -tags verbs): a raw packet QP on the

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/bypassd/bypassd/internal/netlab"
-	"github.com/bypassd/bypassd/ring/tsconv"
-	"github.com/bypassd/bypassd/ring/verbs"
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
+	"github.com/bypassd/bypassd/ring/provider/verbs"
 )
 
 // A verbs binary offers the provider, and a ring asked to use it on an

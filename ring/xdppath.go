@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/bypassd/bypassd/bpf"
-	"github.com/bypassd/bypassd/ring/afxdp"
+	"github.com/bypassd/bypassd/ring/provider/afxdp"
 	"github.com/bypassd/bypassd/ring/qp"
 )
 

@@ -25,7 +25,7 @@ echo
 echo "== receive timestamps: on vs off (ring: timestamping XDP program + metadata; shim: SO_TIMESTAMPING)"
 go run ./bench/udpbench -ts-cmp -stats-cmp=false -only rx-ring,rx-shim -runs 5 -duration 2s
 echo "-- per-datagram costs: AF_XDP metadata read, engine stamps (sync conversion included), shim slots"
-go test -run '^$' -bench 'ReadMeta|Stamps|Timestamps' -benchtime 500ms ./ring/afxdp/ ./ring/ ./socket/ | grep -E '^(Benchmark|ok)'
+go test -run '^$' -bench 'ReadMeta|Stamps|Timestamps' -benchtime 500ms ./ring/provider/afxdp/ ./ring/ ./socket/ | grep -E '^(Benchmark|ok)'
 echo "-- the handoff between rings: ns per frame pushed into the home ring's inbox and taken out"
 go test -run '^$' -bench 'Inbox' -benchtime 500ms ./ring/ | grep -E '^(Benchmark|ok)'
 echo
@@ -45,4 +45,4 @@ go test -run '^$' -bench Pick -benchtime 500ms -count 3 ./ring/sched/qos/ | grep
 go test -count=1 -run 'TestQoSSharesAndStrict|TestQoSClassLimitAndForcedHeader' -v ./ring/ | grep -E 'ETS 30/70|limited to|^(ok|FAIL)'
 echo
 echo "== packet path micro-benchmarks (pacing: scheduler ns per paced datagram at 1, 1000, 10000 flows)"
-go test -run '^$' -bench . -benchmem ./ring/packet/ ./ring/reassembly/ ./ring/devmem/ ./ring/tsconv/ ./ring/pacing/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'
+go test -run '^$' -bench . -benchmem ./ring/wire/packet/ ./ring/wire/reassembly/ ./ring/devmem/ ./ring/clock/tsconv/ ./ring/sched/pacing/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'

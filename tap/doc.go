@@ -31,5 +31,5 @@
 // are retried.
 //
 // The package does not decide when the TAP path carries traffic (package
-// ring does), and it does not read or write frames (ring/tap does).
+// ring does), and it does not read or write frames (ring/provider/tapfd does).
 package tap

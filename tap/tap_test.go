@@ -12,8 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/netlab"
-	"github.com/bypassd/bypassd/ring/packet"
 	"github.com/bypassd/bypassd/ring/qp"
+	"github.com/bypassd/bypassd/ring/wire/packet"
 	"github.com/bypassd/bypassd/tap"
 )
 

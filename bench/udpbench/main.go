@@ -29,7 +29,7 @@ import (
 
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/ring"
-	"github.com/bypassd/bypassd/ring/tsconv"
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
 )
 
 type options struct {

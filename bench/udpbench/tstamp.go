@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/bypassd/bypassd/ring"
-	"github.com/bypassd/bypassd/ring/tsconv"
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
 )
 
 // Receive timestamping on vs off. rx-ring-ts opens the ring asking for

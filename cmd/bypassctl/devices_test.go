@@ -10,7 +10,7 @@ import (
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/netlab"
-	"github.com/bypassd/bypassd/ring/verbs"
+	"github.com/bypassd/bypassd/ring/provider/verbs"
 )
 
 // The table of a ConnectX port as the daemon would describe it (values as

@@ -6,7 +6,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/bypassd/bypassd/internal/ctldoc"
-	"github.com/bypassd/bypassd/ring/pacing"
+	"github.com/bypassd/bypassd/ring/sched/pacing"
 )
 
 func init() {

@@ -21,7 +21,7 @@ import (
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/netlab"
-	"github.com/bypassd/bypassd/ring/pacing"
+	"github.com/bypassd/bypassd/ring/sched/pacing"
 	"github.com/bypassd/bypassd/socket"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/daemon"
-	"github.com/bypassd/bypassd/ring/tsconv"
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
 )
 
 func env(m map[string]string) func(string) string {

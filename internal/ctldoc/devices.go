@@ -1,6 +1,6 @@
 package ctldoc
 
-import "github.com/bypassd/bypassd/ring/verbs"
+import "github.com/bypassd/bypassd/ring/provider/verbs"
 
 // TopicDevices is the devices topic: what each served interface's NIC
 // offers and how the daemon uses it (bypassctl devices).

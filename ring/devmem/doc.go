@@ -31,7 +31,7 @@
 //
 // The package does not own the memory itself, how it is registered with a
 // device, or how a staged frame is posted: those belong to the providers
-// (ring/afxdp, the verbs provider), which supply a Region. Neither does it
+// (ring/provider/afxdp, the verbs provider), which supply a Region. Neither does it
 // own configuration (BYPASSD_RING_DEV_MEM_TX, per-device caps) or the
 // presentation of its counters in bypass-stats and Prometheus; it only
 // exposes the counters through Manager.Stats.

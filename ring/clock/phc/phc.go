@@ -7,10 +7,10 @@
 // older PTP_SYS_OFFSET, or plain clock_gettime pairs when neither ioctl
 // works), and asking ethtool's timestamping info (ETHTOOL_GET_TS_INFO) for an
 // interface's PHC index and hardware timestamping abilities. A Clock
-// implements tsconv.BatchClock, so package ring/tsconv can keep the PHC
+// implements tsconv.BatchClock, so package ring/clock/tsconv can keep the PHC
 // mapped onto CLOCK_REALTIME.
 //
-// It does not own the conversion itself (ring/tsconv), reading timestamps
+// It does not own the conversion itself (ring/clock/tsconv), reading timestamps
 // off frames (the providers) or enabling timestamping on a NIC
 // (SIOCSHWTSTAMP; the XDP metadata path needs none).
 package phc
@@ -23,7 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/ring/tsconv"
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
 )
 
 // MaxSamples is the most bracketed samples one PTP_SYS_OFFSET_EXTENDED (or

@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/ring/tsconv"
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
 )
 
 // Timestamps leave the provider in nanoseconds of the device's clock: the

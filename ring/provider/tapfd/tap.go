@@ -1,4 +1,4 @@
-// Package tap is the ring provider of the TAP fallback path: a qp.Provider
+// Package tapfd is the ring provider of the TAP fallback path: a qp.Provider
 // over a TAP device's descriptor. RXBurst reads the frames tc redirected to
 // the device (one read(2) each), TXBurst writes frames that the device's
 // ingress filter sends out of the NIC (one write(2) each, copied by the
@@ -9,7 +9,7 @@
 // socket and SO_TIMESTAMPING cannot be set on it (ENOTSOCK), so frames carry
 // no hardware timestamp and the engine's software receive time is what the
 // TAP path offers.
-package tap
+package tapfd
 
 import (
 	"errors"

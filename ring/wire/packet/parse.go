@@ -16,7 +16,7 @@ const (
 	// KindUDP is a complete, unfragmented UDP datagram.
 	KindUDP
 	// KindFragment is an IPv4 or IPv6 fragment of any protocol; feed it to
-	// package ring/reassembly.
+	// package ring/wire/reassembly.
 	KindFragment
 )
 

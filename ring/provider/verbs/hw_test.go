@@ -15,8 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
 	"github.com/bypassd/bypassd/ring/qp"
-	"github.com/bypassd/bypassd/ring/tsconv"
 )
 
 // Hardware tests: they need a ConnectX (or other raw-packet-capable RDMA)

@@ -2,7 +2,7 @@
 // Ethernet queue pair (IBV_QPT_RAW_PACKET) per ring, through rdma-core's
 // libibverbs, with hardware packet pacing (ibv_modify_qp_rate_limit, one QP
 // per paced send queue), on-device staging memory (ibv_alloc_dm), completion
-// timestamps and the device clock (ibv_query_rt_values_ex) for ring/tsconv,
+// timestamps and the device clock (ibv_query_rt_values_ex) for ring/clock/tsconv,
 // and receive steering with one ibv_create_flow rule per offloaded flow in
 // place of the XDP program.
 //
@@ -19,7 +19,7 @@
 // something — attribute structs and masks, the INIT → RTR → RTS walk, flow
 // rule layout, capability parsing, error translation, buffer and completion
 // bookkeeping — is Go, and its device-free parts are unit-tested with
-// `go test -tags verbs ./ring/verbs/`.
+// `go test -tags verbs ./ring/provider/verbs/`.
 //
 // None of this has run on a ConnectX device yet: our machines have no RDMA
 // hardware and their kernel has no InfiniBand support (so no Soft-RoCE
@@ -28,5 +28,5 @@
 //
 // The package does not own the ring engine, the XDP program, the staging
 // allocator's bookkeeping (ring/devmem), the conversion of timestamps
-// (ring/tsconv) or the rate table shared by sockets (the TX scheduler).
+// (ring/clock/tsconv) or the rate table shared by sockets (the TX scheduler).
 package verbs

@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/netlab"
-	"github.com/bypassd/bypassd/ring/tsconv"
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
 )
 
 // ioc splits a Linux ioctl number into direction, size, type and number.
@@ -202,7 +202,7 @@ func TestKernelClockThroughConverter(t *testing.T) {
 		worst, est, p.NsPerTick)
 	// NTP may slew CLOCK_REALTIME against MONOTONIC_RAW, and the samples
 	// span only ~0.3 s here: a generous bound, the simulated-clock tests
-	// in ring/tsconv pin the accuracy.
+	// in ring/clock/tsconv pin the accuracy.
 	if worst > 50_000 {
 		t.Fatalf("conversion off by %d ns", worst)
 	}

@@ -4,7 +4,7 @@
 // It owns the per-datagram fragment queues: copying fragment data out of
 // recycled frame buffers, detecting completion, overlaps and inconsistent
 // lengths, timing out stale datagrams and bounding memory by evicting the
-// oldest incomplete datagram. It does not parse frames (package ring/packet
+// oldest incomplete datagram. It does not parse frames (package ring/wire/packet
 // yields the Key, offset, MF flag and data), verify checksums, or send ICMP
 // "fragment reassembly time exceeded" messages.
 //

@@ -11,7 +11,7 @@
 //
 // It does not own route or neighbour resolution (the caller supplies MAC
 // addresses and the MTU), IP ID allocation (the caller passes a per-destination
-// counter), fragment reassembly (package ring/reassembly), ICMP, or anything
+// counter), fragment reassembly (package ring/wire/reassembly), ICMP, or anything
 // other than UDP as an upper layer.
 //
 // Everything on the per-packet path (Template.Frames, Template.BuildFrame,

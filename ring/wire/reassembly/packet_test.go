@@ -7,7 +7,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/bypassd/bypassd/ring/packet"
+	"github.com/bypassd/bypassd/ring/wire/packet"
 )
 
 // TestPacketRoundTrip sends datagrams through packet.Template fragments,
