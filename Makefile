@@ -5,8 +5,9 @@ GO       ?= go
 GOFLAGS  ?=
 PKGS     := ./...
 BIN      := bin
-# Debian packages the tests, demo and benchmarks use.
-APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev prometheus gcc libc6-dev make python3
+# Debian packages the tests, demo and benchmarks use (podman, buildah and
+# runc for the container test, deploy/image).
+APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev prometheus gcc libc6-dev make python3 podman buildah runc
 TEST_TIMEOUT ?= 14m
 
 .PHONY: all deps build build-verbs test bench soak demo generate check-generated lint fmt clean deb test-deb image
@@ -70,7 +71,7 @@ test-deb:
 # image: the daemon's OCI image FROM scratch (deploy/image/build.sh), with
 # buildah or podman; nothing is pulled. Tagged localhost/bypassd:VERSION;
 # prints its digest, the same for two builds of one commit.
-image:
+image: deps
 	deploy/image/build.sh $(BIN)/image
 
 generate:

@@ -7,8 +7,8 @@
 # HEALTHCHECK (the OCI image config has no such field; the Containerfile's is
 # dropped); IMAGE_FORMAT=docker keeps it, but its config records the random
 # id of the build container, so two builds differ in that field.
-# Prints the image's digest; the image is tagged localhost/bypassd:VERSION
-# (podman save -o FILE localhost/bypassd:VERSION exports it; the archive's
+# Prints the image's digest; the image is tagged localhost/bypassd:VERSION,
+# or IMAGE_TAG when set (the container test's own tag) (podman save -o FILE localhost/bypassd:VERSION exports it; the archive's
 # own timestamps differ between saves, the image digest does not).
 set -eu
 out=${1:?usage: build.sh OUTDIR}
@@ -35,7 +35,7 @@ cp deploy/image/Containerfile "$ctx/Containerfile"
 chmod 0755 "$ctx/bin/"* && chmod 0644 "$ctx/lib/libbypassd.so" "$ctx/etc/passwd" "$ctx/etc/group"
 find "$ctx" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
 
-tag=localhost/bypassd:$VERSION
+tag=${IMAGE_TAG:-localhost/bypassd:$VERSION}
 if command -v buildah >/dev/null; then
 	build="buildah build"
 else

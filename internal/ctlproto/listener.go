@@ -85,7 +85,7 @@ func Listen(path string, mode os.FileMode, gid int) (*Listener, error) {
 	}
 	if gid >= 0 {
 		if err := os.Lchown(path, -1, gid); err != nil {
-			return fail(fmt.Errorf("ctlproto: listen %s: set group %d: %w (the daemon must be root or a member of that group)", path, gid, err))
+			return fail(fmt.Errorf("ctlproto: listen %s: set group %d: %w (grant the daemon CAP_CHOWN, or run it as a member of that group)", path, gid, err))
 		}
 	}
 	var st unix.Stat_t
