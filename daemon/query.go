@@ -20,13 +20,14 @@ type queryFunc func(d *Daemon, caller *session) (any, error)
 // with a function in its own file.
 func queryTopics() map[string]queryFunc {
 	return map[string]queryFunc{
-		ctldoc.TopicTopics:   (*Daemon).queryTopicList,
-		ctldoc.TopicRings:    (*Daemon).queryRings,
-		ctldoc.TopicSessions: (*Daemon).querySessions,
-		ctldoc.TopicFlows:    (*Daemon).queryFlows,
-		ctldoc.TopicDevices:  (*Daemon).queryDevices,
-		ctldoc.TopicRates:    (*Daemon).queryRates,
-		ctldoc.TopicQoS:      (*Daemon).queryQoS,
+		ctldoc.TopicTopics:      (*Daemon).queryTopicList,
+		ctldoc.TopicRings:       (*Daemon).queryRings,
+		ctldoc.TopicSessions:    (*Daemon).querySessions,
+		ctldoc.TopicFlows:       (*Daemon).queryFlows,
+		ctldoc.TopicDevices:     (*Daemon).queryDevices,
+		ctldoc.TopicRates:       (*Daemon).queryRates,
+		ctldoc.TopicQoS:         (*Daemon).queryQoS,
+		ctldoc.TopicConnections: (*Daemon).queryConnections,
 	}
 }
 

@@ -573,6 +573,7 @@ func (d *Daemon) ringBlocks() []stats.Ring {
 		}
 		ri.pacingCounters(c)
 		fallbackCounters(r, c)
+		tcpCounters(r, c)
 		out = append(out, b)
 	}
 	return out
@@ -709,4 +710,31 @@ func (s *session) onZeroStats(h ctlproto.Header, m *ctlproto.ZeroStats) bool {
 	}
 	s.log.Info("stats zeroed by a client", zap.Int("target_pid", pid), zap.Bool("daemon", m.Daemon))
 	return s.reply(ctlproto.ReplyHeader(h), ctlproto.Empty{})
+}
+
+// tcpCounters fills the ring's TCP counters (all 0 on a ring that never
+// carried a TCP socket).
+func tcpCounters(r *ring.Ring, c *stats.RingCounters) {
+	rs := r.Stats()
+	c[stats.RingTCPRXFrames] = rs.TCPRXPackets.Load()
+	c[stats.RingTCPRXBytes] = rs.TCPRXBytes.Load()
+	c[stats.RingTCPTXFrames] = rs.TCPTXPackets.Load()
+	c[stats.RingTCPTXBytes] = rs.TCPTXBytes.Load()
+	t := r.TCPStats()
+	c[stats.RingTCPActiveOpens] = t.ActiveOpens
+	c[stats.RingTCPPassiveOpens] = t.PassiveOpens
+	c[stats.RingTCPEstablished] = t.Established
+	c[stats.RingTCPFailedAttempts] = t.FailedAttempts
+	c[stats.RingTCPResetsSent] = t.ResetsSent
+	c[stats.RingTCPResetsReceived] = t.ResetsReceived
+	c[stats.RingTCPSegmentsSent] = t.SegmentsSent
+	c[stats.RingTCPSegmentsReceived] = t.SegmentsReceived
+	c[stats.RingTCPRetransmits] = t.Retransmits
+	c[stats.RingTCPFastRetransmits] = t.FastRetransmits
+	c[stats.RingTCPTimeouts] = t.Timeouts
+	c[stats.RingTCPInvalidSegments] = t.InvalidSegments
+	c[stats.RingTCPChecksumErrors] = t.ChecksumErrors
+	c[stats.RingTCPSynCookies] = t.SynCookiesSent
+	c[stats.RingTCPListenOverflows] = t.ListenOverflows
+	c[stats.RingTCPStackDropped] = t.RXDropped + t.TXDropped + t.TXNotTCP
 }

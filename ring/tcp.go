@@ -70,6 +70,15 @@ func (r *Ring) TCPStats() tcpstack.Stats {
 	return tcpstack.Stats{}
 }
 
+// TCPConnections lists the connections of the ring's TCP stack (none
+// before the first TCP socket).
+func (r *Ring) TCPConnections() []tcpstack.ConnInfo {
+	if s := r.tcp.stack.Load(); s != nil {
+		return s.Connections()
+	}
+	return nil
+}
+
 // closeTCP aborts every connection (the peers get resets while the engine
 // still runs) and stops the stack.
 func (r *Ring) closeTCP() {

@@ -313,6 +313,26 @@ const (
 	RingRXHandoffDropped                       // frames for another ring dropped: its inbox full, or no ring there
 	RingXDPOtherQueue                          // XDP: frames redirected to the socket of the queue that received them, not their home's (interface-wide)
 	RingXDPNoQueueSocket                       // XDP: frames of an offloaded flow on a queue no ring serves, left to the kernel (interface-wide)
+	RingTCPRXFrames                            // TCP frames handed to the ring's TCP stack
+	RingTCPRXBytes                             // their IP bytes
+	RingTCPTXFrames                            // TCP frames the stack sent
+	RingTCPTXBytes                             // their IP bytes
+	RingTCPActiveOpens                         // TCP connections opened by connect
+	RingTCPPassiveOpens                        // TCP connections opened by a listener
+	RingTCPEstablished                         // gauge: TCP connections in ESTABLISHED or CLOSE-WAIT
+	RingTCPFailedAttempts                      // TCP connection attempts that failed
+	RingTCPResetsSent                          // TCP segments sent with RST
+	RingTCPResetsReceived                      // TCP segments received with RST
+	RingTCPSegmentsSent                        // TCP segments sent (retransmissions included)
+	RingTCPSegmentsReceived                    // valid TCP segments received
+	RingTCPRetransmits                         // TCP segments retransmitted
+	RingTCPFastRetransmits                     // TCP segments retransmitted in fast recovery
+	RingTCPTimeouts                            // TCP retransmission timer expiries
+	RingTCPInvalidSegments                     // TCP segments dropped as invalid
+	RingTCPChecksumErrors                      // TCP segments with a wrong checksum (part of invalid)
+	RingTCPSynCookies                          // SYN cookies sent: a listener's SYN queue was full
+	RingTCPListenOverflows                     // SYNs or handshake ACKs dropped: a listener's accept queue was full
+	RingTCPStackDropped                        // packets the TCP stack's link dropped: its queue full, or not IP/TCP
 	NumRingCounters                            // number of ring counters in this version
 )
 
@@ -327,7 +347,7 @@ const (
 func (c RingCounter) IsGauge() bool {
 	switch c {
 	case RingHWTSMode, RingHWTSErrorNs, RingPacedQueues, RingRateEntries, RingRateCapacity,
-		RingTAPFallback, RingTAPActive, RingTAPFD, RingTAPIfindex:
+		RingTAPFallback, RingTAPActive, RingTAPFD, RingTAPIfindex, RingTCPEstablished:
 		return true
 	}
 	return false
@@ -349,6 +369,10 @@ var ringCounterNames = [NumRingCounters]string{
 	"tap_fallback", "tap_active", "vf_plugouts", "vf_plugins", "tap_fd", "tap_ifindex",
 	"tap_rx_packets", "tap_rx_bytes", "tap_tx_packets", "tap_tx_bytes", "tap_tx_dropped",
 	"rx_handed_off", "rx_handoff_in", "rx_handoff_dropped", "xdp_other_queue", "xdp_no_queue_socket",
+	"tcp_rx_frames", "tcp_rx_bytes", "tcp_tx_frames", "tcp_tx_bytes", "tcp_active_opens", "tcp_passive_opens",
+	"tcp_established", "tcp_failed_attempts", "tcp_resets_sent", "tcp_resets_received", "tcp_segments_sent",
+	"tcp_segments_received", "tcp_retransmits", "tcp_fast_retransmits", "tcp_timeouts", "tcp_invalid_segments",
+	"tcp_checksum_errors", "tcp_syn_cookies", "tcp_listen_overflows", "tcp_stack_dropped",
 }
 
 func (c RingCounter) String() string {

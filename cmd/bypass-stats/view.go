@@ -397,6 +397,9 @@ func (v *viewer) ringBlock(r *stats.Ring, prev *stats.Snapshot, _ *stats.Snapsho
 		fmt.Fprintf(w, "\tTap Rx Offload: %d / %d [kilobytes/packets]\n", kb(c(stats.RingTAPRXBytes)), c(stats.RingTAPRXPackets))
 		fmt.Fprintf(w, "\tTap Tx Offload: %d / %d [kilobytes/packets]\n", kb(c(stats.RingTAPTXBytes)), c(stats.RingTAPTXPackets))
 	}
+	if r.Counters[stats.RingTCPRXFrames]+r.Counters[stats.RingTCPTXFrames]+r.Counters[stats.RingTCPActiveOpens]+r.Counters[stats.RingTCPPassiveOpens] != 0 {
+		v.tcpLines(r, c)
+	}
 	fmt.Fprintf(w, "\tReassembly: %d / %d / %d / %d / %d / %d [reassembled/timeouts/evicted/overlaps/invalid/too big]\n",
 		c(stats.RingReasmReassembled), c(stats.RingReasmTimeouts), c(stats.RingReasmEvicted), c(stats.RingReasmOverlaps),
 		c(stats.RingReasmInvalid), c(stats.RingReasmTooBig))
@@ -404,6 +407,22 @@ func (v *viewer) ringBlock(r *stats.Ring, prev *stats.Snapshot, _ *stats.Snapsho
 		c(stats.RingXDPRedirected), c(stats.RingXDPPassed), c(stats.RingXDPNoSocket), c(stats.RingXDPFragments), c(stats.RingXDPMalformed))
 	fmt.Fprintf(w, "\tXDP queues (%s): %d / %d [to the receiving queue's ring, not the home's/on a queue without a ring]\n", r.Interface,
 		c(stats.RingXDPOtherQueue), c(stats.RingXDPNoQueueSocket))
+}
+
+// tcpLines prints the ring's TCP counters (VMA's -v views show TCP beside
+// UDP); only for rings that carried TCP. Established is a gauge.
+func (v *viewer) tcpLines(r *stats.Ring, c func(stats.RingCounter) uint64) {
+	w := v.w
+	fmt.Fprintf(w, "\tTCP Rx: %d / %d [kilobytes/frames], Tx: %d / %d [kilobytes/frames]\n",
+		kb(c(stats.RingTCPRXBytes)), c(stats.RingTCPRXFrames), kb(c(stats.RingTCPTXBytes)), c(stats.RingTCPTXFrames))
+	fmt.Fprintf(w, "\tTCP connections: %d established, %d / %d / %d [active opens/passive opens/failed attempts]\n",
+		r.Counters[stats.RingTCPEstablished], c(stats.RingTCPActiveOpens), c(stats.RingTCPPassiveOpens), c(stats.RingTCPFailedAttempts))
+	fmt.Fprintf(w, "\tTCP segments: %d / %d [sent/received], retransmits %d (fast %d), timeouts %d\n",
+		c(stats.RingTCPSegmentsSent), c(stats.RingTCPSegmentsReceived), c(stats.RingTCPRetransmits),
+		c(stats.RingTCPFastRetransmits), c(stats.RingTCPTimeouts))
+	fmt.Fprintf(w, "\tTCP resets: %d / %d [sent/received], drops: %d / %d / %d / %d [invalid/checksum/stack queue/listen overflow], SYN cookies %d\n",
+		c(stats.RingTCPResetsSent), c(stats.RingTCPResetsReceived), c(stats.RingTCPInvalidSegments), c(stats.RingTCPChecksumErrors),
+		c(stats.RingTCPStackDropped), c(stats.RingTCPListenOverflows), c(stats.RingTCPSynCookies))
 }
 
 // groups prints view 4: the multicast memberships of the given clients.

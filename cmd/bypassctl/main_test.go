@@ -72,7 +72,10 @@ func TestCommandsAgainstDaemon(t *testing.T) {
 	if !strings.Contains(out, local.String()) || !strings.Contains(out, "bypassctl") {
 		t.Errorf("sessions: want the socket on %v and bypassctl's own session in:\n%s", local, out)
 	}
-	for _, topic := range []string{ctldoc.TopicRings, ctldoc.TopicFlows, ctldoc.TopicSessions} {
+	if out := mustCtl(t, sock, "connections"); !strings.Contains(out, "CWND") {
+		t.Errorf("connections: no header in:\n%s", out)
+	}
+	for _, topic := range []string{ctldoc.TopicRings, ctldoc.TopicFlows, ctldoc.TopicSessions, ctldoc.TopicConnections} {
 		if !strings.Contains(mustCtl(t, sock, "topics"), topic) {
 			t.Errorf("topics lacks %s", topic)
 		}

@@ -249,11 +249,14 @@ type Stats struct {
 	// (accept), currently established, failed attempts, resets sent
 	// and received, retransmitted segments, fast retransmits, timeouts
 	// (RTO), SACK and TLP recoveries, segments sent and received,
-	// checksum errors.
+	// segments received and dropped as invalid (checksum errors among
+	// them), SYN cookies sent because a listener's SYN queue was full,
+	// and SYNs or handshake ACKs dropped because its accept queue was.
 	ActiveOpens, PassiveOpens, Established, FailedAttempts   uint64
 	ResetsSent, ResetsReceived, Retransmits, FastRetransmits uint64
 	Timeouts, SACKRecovery, TLPRecovery                      uint64
 	SegmentsSent, SegmentsReceived, ChecksumErrors           uint64
+	InvalidSegments, SynCookiesSent, ListenOverflows         uint64
 }
 
 // Stats returns the stack's counters now.
@@ -269,7 +272,9 @@ func (s *Stack) Stats() Stats {
 		Retransmits: t.Retransmits.Value(), FastRetransmits: t.FastRetransmit.Value(),
 		Timeouts: t.Timeouts.Value(), SACKRecovery: t.SACKRecovery.Value(), TLPRecovery: t.TLPRecovery.Value(),
 		SegmentsSent: t.SegmentsSent.Value(), SegmentsReceived: t.ValidSegmentsReceived.Value(),
-		ChecksumErrors: t.ChecksumErrors.Value(),
+		ChecksumErrors: t.ChecksumErrors.Value(), InvalidSegments: t.InvalidSegmentsReceived.Value(),
+		SynCookiesSent:  t.ListenOverflowSynCookieSent.Value(),
+		ListenOverflows: t.ListenOverflowSynDrop.Value() + t.ListenOverflowAckDrop.Value(),
 	}
 }
 
@@ -284,35 +289,48 @@ type ConnInfo struct {
 	Local, Remote netip.AddrPort
 	// State is the TCP state ("ESTABLISHED", "CLOSE-WAIT", ...).
 	State string
-	// RTT and RTO are the smoothed round-trip time and the
-	// retransmission timeout; Cwnd and Ssthresh are in segments.
-	RTT, RTO       time.Duration
-	Cwnd, Ssthresh uint32
+	// RTT and RTTVar are the smoothed round-trip time and its variation,
+	// RTO the retransmission timeout; Cwnd and Ssthresh are in segments.
+	RTT, RTTVar, RTO time.Duration
+	Cwnd, Ssthresh   uint32
+	// Retransmits are segments sent again, Timeouts retransmission
+	// timer expiries; SegmentsSent and SegmentsReceived count every
+	// segment of the connection.
+	Retransmits, Timeouts, SegmentsSent, SegmentsReceived uint64
 	// SendQueued and RecvQueued are bytes in the send and receive
 	// buffers.
 	SendQueued, RecvQueued int
 }
 
-// Connections lists the stack's connections (listeners excluded).
+// Info describes the connection now.
+func (e *Endpoint) Info() ConnInfo {
+	var ti tcpip.TCPInfoOption
+	_ = e.EP.GetSockOpt(&ti)
+	ci := ConnInfo{State: tcp.EndpointState(e.EP.State()).String(), RTT: ti.RTT, RTTVar: ti.RTTVar, RTO: ti.RTO,
+		Cwnd: ti.SndCwnd, Ssthresh: ti.SndSsthresh}
+	ci.Local, ci.Remote = e.Addrs()
+	ci.SendQueued, _ = e.EP.GetSockOptInt(tcpip.SendQueueSizeOption)
+	ci.RecvQueued, _ = e.EP.GetSockOptInt(tcpip.ReceiveQueueSizeOption)
+	if st, ok := e.EP.Stats().(*tcp.Stats); ok {
+		ci.Retransmits = st.SendErrors.Retransmits.Value()
+		ci.Timeouts = st.SendErrors.Timeouts.Value()
+		ci.SegmentsSent = st.SegmentsSent.Value()
+		ci.SegmentsReceived = st.SegmentsReceived.Value()
+	}
+	return ci
+}
+
+// Connections lists the stack's connections (listeners excluded),
+// including those no client holds any more (closing, or established and
+// not accepted yet).
 func (s *Stack) Connections() []ConnInfo {
 	var out []ConnInfo
 	for _, te := range s.s.RegisteredEndpoints() {
 		ep, ok := te.(*tcp.Endpoint)
-		if !ok {
+		if !ok || tcp.EndpointState(ep.State()) == tcp.StateListen {
 			continue
 		}
-		st := tcp.EndpointState(ep.State())
-		if st == tcp.StateListen {
-			continue
-		}
-		var ti tcpip.TCPInfoOption
-		_ = ep.GetSockOpt(&ti)
-		e := &Endpoint{EP: ep}
-		ci := ConnInfo{State: st.String(), RTT: ti.RTT, RTO: ti.RTO, Cwnd: ti.SndCwnd, Ssthresh: ti.SndSsthresh}
-		ci.Local, ci.Remote = e.Addrs()
-		ci.SendQueued, _ = ep.GetSockOptInt(tcpip.SendQueueSizeOption)
-		ci.RecvQueued, _ = ep.GetSockOptInt(tcpip.ReceiveQueueSizeOption)
-		out = append(out, ci)
+		out = append(out, (&Endpoint{EP: ep}).Info())
 	}
 	return out
 }
