@@ -165,7 +165,7 @@ type Config struct {
 	// Provider picks each ring's raw queue pair backend: "auto" (the
 	// default: verbs where the binary has it and the interface has an RDMA
 	// port for raw packet QPs, afxdp otherwise), "afxdp", "verbs" or "tap"
-	// (see ring.RegisterProvider).
+	// (see qp.Register).
 	Provider string
 	// Fallback is what a ring does when its fast path is unavailable or
 	// lost: "auto" (the default: a standby TAP path takes the flows over

@@ -8,6 +8,7 @@ import (
 
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/provider/verbs"
+	"github.com/bypassd/bypassd/ring/qp"
 )
 
 // ProviderAuto lets the daemon pick each interface's provider.
@@ -16,13 +17,13 @@ const ProviderAuto = "auto"
 // checkProvider accepts auto and the providers this binary has, and says
 // how to get verbs when it is missing.
 func checkProvider(name string) error {
-	if name == ProviderAuto || slices.Contains(ring.Providers(), name) {
+	if name == ProviderAuto || slices.Contains(qp.Providers(), name) {
 		return nil
 	}
 	if name == "verbs" {
 		return fmt.Errorf("provider verbs: %w", verbs.ErrNotBuilt)
 	}
-	return fmt.Errorf("provider %q: want auto or one of %v", name, ring.Providers())
+	return fmt.Errorf("provider %q: want auto or one of %v", name, qp.Providers())
 }
 
 // chooseProvider resolves auto for one interface from what verbs.Decide
@@ -32,7 +33,7 @@ func chooseProvider(requested string, d verbs.Decision, log *zap.Logger) string 
 	if requested != ProviderAuto {
 		return requested
 	}
-	if d.Use && slices.Contains(ring.Providers(), "verbs") {
+	if d.Use && slices.Contains(qp.Providers(), "verbs") {
 		log.Info("provider chosen", zap.String("provider", "verbs"), zap.String("why", d.Reason))
 		return "verbs"
 	}

@@ -111,7 +111,7 @@ type fallbackState struct {
 	tapProv *tapfd.Provider
 	tapDev  *tap.Device
 	fp      *fallbackProvider
-	pc      PathConfig
+	pc      qp.PathConfig
 	name    string // the fast path's provider name
 	// wake interrupts the watcher's poll (the engine's fast path failed,
 	// or the ring closes); done is closed when the watcher returned.
@@ -123,7 +123,7 @@ type fallbackState struct {
 
 // openPaths opens the ring's paths for cfg's provider and fallback, and
 // sets r.prov to what the engine drives.
-func (r *Ring) openPaths(pc PathConfig) (err error) {
+func (r *Ring) openPaths(pc qp.PathConfig) (err error) {
 	fs := &r.fb
 	fs.mode, fs.pc, fs.name = r.cfg.Fallback, pc, r.cfg.Provider
 	if fs.name == tapfd.Name {

@@ -118,13 +118,13 @@ type ringGroup struct {
 
 var ringGroups = struct {
 	sync.Mutex
-	m map[progKey]*ringGroup
-}{m: map[progKey]*ringGroup{}}
+	m map[qp.IfaceKey]*ringGroup
+}{m: map[qp.IfaceKey]*ringGroup{}}
 
 // joinGroup registers r as the ring of its queue. Runs on a thread in the
 // interface's namespace.
 func (r *Ring) joinGroup() error {
-	key, err := nsKey(r.ifindex)
+	key, err := qp.IfaceKeyOf(r.ifindex)
 	if err != nil {
 		return err
 	}

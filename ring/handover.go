@@ -12,6 +12,7 @@ import (
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/internal/dgram"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/ring/provider/afxdp"
 	"github.com/bypassd/bypassd/ring/route"
 )
 
@@ -44,7 +45,7 @@ func (r *Ring) CanHandOver() error {
 	if r.fb.fp != nil && r.fb.fp.onTAP.Load() {
 		return errors.New("the ring serves through its TAP fallback path")
 	}
-	if _, ok := r.mainSteering().(*xdpSteering); !ok {
+	if _, ok := r.mainSteering().(*afxdp.Steering); !ok {
 		return fmt.Errorf("provider %s keeps no state another process can adopt", r.cfg.Provider)
 	}
 	if err := r.Err(); err != nil {
@@ -56,11 +57,11 @@ func (r *Ring) CanHandOver() error {
 // Handles returns duplicates of the steering program's descriptors (the
 // caller's to close).
 func (r *Ring) Handles() (bpf.Handles, error) {
-	st, ok := r.mainSteering().(*xdpSteering)
+	st, ok := r.mainSteering().(*afxdp.Steering)
 	if !ok {
 		return bpf.Handles{}, fmt.Errorf("ring %s/%d: no XDP program to hand over", r.cfg.Interface, r.cfg.Queue)
 	}
-	return st.prog.Handover()
+	return st.Program().Handover()
 }
 
 // Release hands the ring over. The port reservations start holding what
@@ -76,7 +77,7 @@ func (r *Ring) Release() error {
 	if err := r.CanHandOver(); err != nil {
 		return fmt.Errorf("ring %s/%d: cannot hand over: %w", r.cfg.Interface, r.cfg.Queue, err)
 	}
-	st := r.mainSteering().(*xdpSteering)
+	st := r.mainSteering().(*afxdp.Steering)
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -96,7 +97,7 @@ func (r *Ring) Release() error {
 		// passes to the kernel, and nobody reads its TAP any more.
 		errs = append(errs, r.fb.standby.steer.Close())
 	}
-	errs = append(errs, st.prog.ClearSocket(st.slot))
+	errs = append(errs, st.ClearSlot())
 	// In-ring TCP connections are not handed over (yet): they end here.
 	r.closeTCP()
 	r.stop.Store(true)
@@ -129,7 +130,7 @@ func (r *Ring) Release() error {
 	}
 	r.fb.closed.Store(true)
 	if p := r.fb.prim.Swap(nil); p != nil {
-		errs = append(errs, p.prov.Close(), abandonProgram(st.key))
+		errs = append(errs, p.prov.Close(), st.Abandon())
 	}
 	if r.fb.standby != nil {
 		errs = append(errs, r.fb.standby.close())
@@ -150,12 +151,12 @@ func (r *Ring) Release() error {
 // ring's socket in the XSKMAP, and delivers what reached the kernel
 // meanwhile.
 func (r *Ring) Activate() error {
-	st, ok := r.mainSteering().(*xdpSteering)
+	st, ok := r.mainSteering().(*afxdp.Steering)
 	if !ok {
 		return fmt.Errorf("ring %s/%d: activate: no XDP path", r.cfg.Interface, r.cfg.Queue)
 	}
 	r.backlogPass()
-	if err := st.activate(); err != nil {
+	if err := st.Activate(); err != nil {
 		return fmt.Errorf("ring %s/%d: %w", r.cfg.Interface, r.cfg.Queue, err)
 	}
 	// Frames already past the program when the slot filled still land

@@ -9,6 +9,7 @@ import (
 	"github.com/bypassd/bypassd/internal/dgram"
 	"github.com/bypassd/bypassd/ring/clock/phc"
 	"github.com/bypassd/bypassd/ring/clock/tsconv"
+	"github.com/bypassd/bypassd/ring/qp"
 )
 
 // HWTimestampSupport is what an interface offers for hardware receive
@@ -70,7 +71,7 @@ func (r *Ring) openHWClock() (*hwClock, string, error) {
 	if r.cfg.HWTimestamps == tsconv.ModeDisable {
 		return nil, "", nil
 	}
-	if cp, ok := r.prov.(clockProvider); ok {
+	if cp, ok := r.prov.(qp.DeviceClock); ok {
 		return r.openProviderClock(cp)
 	}
 	sup, err := ProbeHWTimestamps(r.cfg.Interface, r.cfg.HWTimestamps)
@@ -168,4 +169,26 @@ func (e *engine) stamps(sw int64, hw uint64) rxStamps {
 		}
 	}
 	return st
+}
+
+// openProviderClock resolves cfg.HWTimestamps against the provider's clock
+// and prepares the converter, like openHWClock does with a PHC.
+func (r *Ring) openProviderClock(cp qp.DeviceClock) (*hwClock, string, error) {
+	clock, caps := cp.Clock()
+	mode, why := tsconv.Resolve(r.cfg.HWTimestamps, caps)
+	if mode == tsconv.ModeDisable {
+		return nil, why, nil
+	}
+	if mode != tsconv.ModeSync {
+		clock = nil
+	}
+	h := &hwClock{done: make(chan struct{})}
+	var err error
+	h.conv, err = tsconv.New(mode, clock, tsconv.Config{OnError: func(err error) {
+		r.log.Warn("device clock sample failed", zap.String("provider", r.prov.Caps().Provider), zap.Error(err))
+	}})
+	if err != nil {
+		return nil, "", fmt.Errorf("hardware timestamp conversion: %w", err)
+	}
+	return h, why, nil
 }

@@ -67,8 +67,8 @@ var (
 )
 
 func init() {
-	ring.RegisterProvider("ratelimit-test", func(pc ring.PathConfig) (qp.Provider, qp.Steering, error) {
-		prov, steer, err := ring.OpenXDPPath(pc)
+	qp.Register("ratelimit-test", func(pc qp.PathConfig) (qp.Provider, qp.Steering, error) {
+		prov, steer, err := qp.Open(ring.DefaultProvider, pc)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -7,13 +7,17 @@ import (
 
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/ring"
+	"github.com/bypassd/bypassd/ring/qp"
 )
 
 // TestUnknownProvider: a provider name that no package registered fails
 // Open with the names this build has, and leaves nothing attached.
 func TestUnknownProvider(t *testing.T) {
-	if !slices.Contains(ring.Providers(), ring.DefaultProvider) {
-		t.Fatalf("providers %v lack the default %q", ring.Providers(), ring.DefaultProvider)
+	// Linking package ring registers its providers (providers.go).
+	for _, want := range []string{ring.DefaultProvider, "tap"} {
+		if !slices.Contains(qp.Providers(), want) {
+			t.Fatalf("providers %v lack %q", qp.Providers(), want)
+		}
 	}
 	p := netlab.NewPair(t, netlab.Options{})
 	err := p.A.NS.Do(func() error {

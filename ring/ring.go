@@ -12,7 +12,7 @@
 // tests and benchmarks they are plain memory in this process.
 //
 // A ring reaches its NIC through paths, a provider and the steering that
-// feeds it, opened by name (RegisterProvider): the fast path (afxdp, or
+// feeds it, opened by name (qp.Register, providers.go): the fast path (afxdp, or
 // verbs) and, with a fallback (Config.Fallback), a TAP path it switches its
 // flows to while the fast path is lost.
 //
@@ -56,7 +56,7 @@ type Config struct {
 	// Queue is the interface's receive/transmit queue id.
 	Queue int
 
-	// Provider names the raw queue pair backend (see RegisterProvider):
+	// Provider names the raw queue pair backend (see qp.Register):
 	// "afxdp" (the default when empty).
 	Provider string
 	// Fallback is what happens when the provider's path is unavailable or
@@ -70,7 +70,7 @@ type Config struct {
 	Frames, FrameSize int
 	// Copy selects zero-copy or copy mode (default: zero-copy when the
 	// driver supports it).
-	Copy afxdp.CopyMode
+	Copy qp.CopyMode
 	// XDPMode selects native or generic attach (default: native, generic
 	// when the driver refuses).
 	XDPMode bpf.AttachMode
@@ -219,7 +219,7 @@ type Ring struct {
 	// group is the interface's rings, where frames homed on another ring
 	// go; inbox is where the others put this ring's (handoff.go).
 	group    *ringGroup
-	groupKey progKey
+	groupKey qp.IfaceKey
 	inbox    *inbox
 }
 
@@ -282,7 +282,7 @@ func Open(cfg Config) (_ *Ring, err error) {
 		cfg.FrameSize, r.frameAuto = DefaultFrameSize(mtu), true
 		r.cfg.FrameSize = cfg.FrameSize
 	}
-	pc := PathConfig{Interface: cfg.Interface, Ifindex: r.ifindex, Queue: cfg.Queue, Queues: attrs.NumRxQueues, MaxFlows: cfg.MaxFlows,
+	pc := qp.PathConfig{Interface: cfg.Interface, Ifindex: r.ifindex, Queue: cfg.Queue, Queues: attrs.NumRxQueues, MaxFlows: cfg.MaxFlows,
 		MAC: r.mac, MTU: mtu, NS: r.ns, Frames: cfg.Frames, FrameSize: cfg.FrameSize, Copy: cfg.Copy,
 		XDPMode: cfg.XDPMode, DeviceMemory: cfg.DevMemTX, HWTimestamps: deviceStamps(cfg),
 		Log: r.log}
@@ -386,8 +386,8 @@ func (r *Ring) Endpoints() int { return len(r.table.Load().all) }
 // Program returns the XDP steering program the ring uses, nil when its
 // provider is steered otherwise.
 func (r *Ring) Program() *bpf.Program {
-	if s, ok := r.mainSteering().(*xdpSteering); ok {
-		return s.prog
+	if s, ok := r.mainSteering().(*afxdp.Steering); ok {
+		return s.Program()
 	}
 	return nil
 }

@@ -10,7 +10,8 @@
 // when AllocTX runs short, or explicitly with Complete.
 //
 // The package owns no implementation (but TXPool, the send-buffer free list
-// that buffer-owning providers share): it is the seam between the engine
+// that buffer-owning providers share, and the registry of provider openers,
+// Register and Open, see registry.go): it is the seam between the engine
 // (package ring) and the providers, so that neither imports the other's
 // internals. Optional hardware features (rate limiting, device memory, clock)
 // are separate small interfaces that a provider implements when it can; the
@@ -21,6 +22,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/bypassd/bypassd/ring/clock/tsconv"
 	"github.com/bypassd/bypassd/ring/devmem"
 )
 
@@ -211,3 +213,11 @@ type MappedRegion interface {
 
 // ErrClosed is returned by operations on a closed provider.
 var ErrClosed = errors.New("qp: provider closed")
+
+// DeviceClock is implemented by a provider that reads its device's clock
+// itself (verbs: ibv_query_rt_values_ex) instead of through a PHC, and
+// stamps RX frames (Frame.HWTimestamp) with that clock in nanoseconds. The
+// engine converts those stamps to system time with the returned clock.
+type DeviceClock interface {
+	Clock() (tsconv.Clock, tsconv.Capabilities)
+}

@@ -1,9 +1,12 @@
 // Package afxdp is the default ring provider: an AF_XDP socket bound to one
 // (interface, queue) with its UMEM and fill, completion, RX and TX rings.
 //
-// It implements qp.Provider for the ring engine. It does not load or attach
-// the XDP program that steers frames into the socket (package bpf does that)
-// and knows nothing of UDP: it moves Ethernet frames.
+// It implements qp.Provider for the ring engine and registers as "afxdp"
+// with qp.Register (path.go): opening a path attaches the XDP steering
+// program through package bpf, shared by the rings of an interface
+// (program.go), and binds the socket to its XSKMAP slot. It does not build
+// or load the program itself (package bpf does) and knows nothing of UDP: it
+// moves Ethernet frames.
 //
 // Why our own implementation and not gVisor's pkg/xdp: that package (at the
 // pinned version) has no Close — its mmaps outlive close(2), so the queue stays
@@ -34,19 +37,6 @@ import (
 	"github.com/bypassd/bypassd/ring/qp"
 )
 
-// CopyMode chooses between zero-copy and copy binding.
-type CopyMode int
-
-const (
-	// CopyAuto tries zero-copy and falls back to copy mode when the driver
-	// refuses it.
-	CopyAuto CopyMode = iota
-	// CopyForce binds in copy mode.
-	CopyForce
-	// ZeroCopyRequired fails when the driver has no zero-copy support.
-	ZeroCopyRequired
-)
-
 // Config describes one AF_XDP socket.
 type Config struct {
 	Ifindex int
@@ -67,7 +57,7 @@ type Config struct {
 	// RingSize is the size of each of the four rings, a power of two
 	// (default Frames/2).
 	RingSize int
-	Copy     CopyMode
+	Copy     qp.CopyMode
 	// XDPMode is how the steering program is attached ("native" or
 	// "generic"); reported in Caps.Mode.
 	XDPMode string
@@ -196,9 +186,9 @@ func Open(cfg Config) (*Socket, error) {
 		return nil, fmt.Errorf("afxdp %s queue %d: MTU %d does not fit a %d-byte frame, and AF_XDP multi-buffer (XDP_USE_SG) needs Linux 6.6+ (this kernel is %s): "+
 			"use --frame-size 4096 (MTUs up to %d in one buffer) or lower the MTU", cfg.IfName, cfg.Queue, cfg.MTU, cfg.FrameSize, bpf.KernelRelease(), MaxSingleBufferMTU(4096))
 	}
-	zc := cfg.Copy != CopyForce
+	zc := cfg.Copy != qp.CopyForce
 	s, err := open(cfg, zc)
-	if err != nil && zc && cfg.Copy == CopyAuto && errors.Is(err, unix.EOPNOTSUPP) {
+	if err != nil && zc && cfg.Copy == qp.CopyAuto && errors.Is(err, unix.EOPNOTSUPP) {
 		s, err = open(cfg, false)
 	}
 	if err != nil {

@@ -44,7 +44,7 @@ func TestCopyFallback(t *testing.T) {
 	if c.RXFrames+c.TXFrames != 4096 || c.FrameSize != 2048 {
 		t.Fatalf("caps %+v, want 4096 frames of 2048 bytes", c)
 	}
-	if _, err := open(t, p.B, afxdp.Config{Copy: afxdp.ZeroCopyRequired}); !errors.Is(err, unix.EOPNOTSUPP) || !strings.Contains(err.Error(), "zero-copy") {
+	if _, err := open(t, p.B, afxdp.Config{Copy: qp.ZeroCopyRequired}); !errors.Is(err, unix.EOPNOTSUPP) || !strings.Contains(err.Error(), "zero-copy") {
 		t.Fatalf("zero-copy required on veth: %v, want EOPNOTSUPP explained", err)
 	}
 }

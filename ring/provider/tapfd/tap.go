@@ -5,7 +5,8 @@
 // kernel before it returns, so sends complete at once).
 //
 // The device and its tc steering belong to the top-level package tap; this
-// package only moves frames. Receive timestamps: a TAP descriptor is not a
+// package moves frames, and its path opener (path.go, registered as "tap"
+// with qp.Register) asks package tap for the device and steering of a ring. Receive timestamps: a TAP descriptor is not a
 // socket and SO_TIMESTAMPING cannot be set on it (ENOTSOCK), so frames carry
 // no hardware timestamp and the engine's software receive time is what the
 // TAP path offers.

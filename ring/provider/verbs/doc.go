@@ -12,7 +12,8 @@
 // pure Go: it maps a network interface to its RDMA device and port through
 // sysfs (Lookup), says whether the binary has the provider (Built), and
 // explains how to get it (ErrNotBuilt), so that provider selection and
-// `bypassctl devices` work in every build.
+// `bypassctl devices` work in every build. Only a tagged build registers the
+// provider as "verbs" with qp.Register (path.go).
 //
 // The cgo surface is one file, cverbs.go: small C helpers, each one or a few
 // libibverbs calls, and thin Go wrappers around them. Everything that decides

@@ -1,19 +1,18 @@
-package ring
+package tapfd
 
 import (
 	"fmt"
 
 	"github.com/bypassd/bypassd/ring/provider/afxdp"
-	"github.com/bypassd/bypassd/ring/provider/tapfd"
 	"github.com/bypassd/bypassd/ring/qp"
 	"github.com/bypassd/bypassd/tap"
 )
 
 // The TAP path: a TAP device per ring, fed by tc filters on the NIC (package
-// tap), read and written by the ring/provider/tapfd provider.
-func init() { RegisterProvider(tapfd.Name, openTAPPath) }
+// tap), read and written by this package's Provider.
+func init() { qp.Register(Name, openTAPPath) }
 
-func openTAPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
+func openTAPPath(pc qp.PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	// The TAP queues at least as many frames as the fast path's receive
 	// ring holds: what the ring absorbs while its engine is busy.
 	dev, err := tap.Create(tap.DeviceConfig{Name: tap.DeviceName(pc.Ifindex, pc.Queue), MAC: pc.MAC, MTU: pc.MTU,
@@ -23,7 +22,7 @@ func openTAPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	}
 	// TAP buffers are plain memory: one holds a whole frame of the
 	// interface's MTU whatever the fast path's frame size.
-	prov, err := tapfd.New(dev, tapfd.Config{FrameSize: max(pc.FrameSize, pc.MTU+afxdp.FrameOverhead), Frames: pc.Frames})
+	prov, err := New(dev, Config{FrameSize: max(pc.FrameSize, pc.MTU+afxdp.FrameOverhead), Frames: pc.Frames})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -14,14 +14,15 @@ import (
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/ring/clock/tsconv"
 	"github.com/bypassd/bypassd/ring/provider/verbs"
+	"github.com/bypassd/bypassd/ring/qp"
 )
 
 // A verbs binary offers the provider, and a ring asked to use it on an
 // interface without an RDMA device (a veth) fails saying so, leaving
 // nothing behind.
 func TestVerbsPathWithoutDevice(t *testing.T) {
-	if !slices.Contains(Providers(), "verbs") {
-		t.Fatalf("providers %v: verbs not registered in a -tags verbs build", Providers())
+	if !slices.Contains(qp.Providers(), "verbs") {
+		t.Fatalf("providers %v: verbs not registered in a -tags verbs build", qp.Providers())
 	}
 	netlab.RequirePriv(t)
 	pair := netlab.NewPair(t, netlab.Options{})

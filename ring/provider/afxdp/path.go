@@ -1,20 +1,22 @@
-package ring
+package afxdp
 
 import (
 	"errors"
 	"fmt"
 
 	"github.com/bypassd/bypassd/bpf"
-	"github.com/bypassd/bypassd/ring/provider/afxdp"
 	"github.com/bypassd/bypassd/ring/qp"
 )
 
+// Name is the provider's name in qp.Caps and ring.Config.Provider.
+const Name = "afxdp"
+
 // The default path: an AF_XDP socket on the ring's queue, fed by the XDP
 // steering program (shared by the rings of an interface, see program.go).
-func init() { RegisterProvider(DefaultProvider, openXDPPath) }
+func init() { qp.Register(Name, openXDPPath) }
 
-func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
-	key, err := nsKey(pc.Ifindex)
+func openXDPPath(pc qp.PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
+	key, err := qp.IfaceKeyOf(pc.Ifindex)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -25,7 +27,7 @@ func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	// variant): a driver then accepts native XDP at any MTU (veth refuses
 	// a plain program when the peer's MTU exceeds about 3,500, ERANGE) and
 	// the MTU can be raised later without detaching it (mtu.go).
-	frags := afxdp.NeedsMultiBuffer(pc.MTU, pc.FrameSize) || !pc.HWTimestamps && afxdp.MultiBufferKernel()
+	frags := NeedsMultiBuffer(pc.MTU, pc.FrameSize) || !pc.HWTimestamps && MultiBufferKernel()
 	var sp *sharedProgram
 	if pc.Adopt != nil {
 		sp = adoptProgram(key, pc.Adopt)
@@ -41,51 +43,54 @@ func openXDPPath(pc PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 		}
 	}()
 	prog := sp.prog
-	sock, err := afxdp.Open(afxdp.Config{Ifindex: pc.Ifindex, IfName: pc.Interface, Queue: pc.Queue,
+	sock, err := Open(Config{Ifindex: pc.Ifindex, IfName: pc.Interface, Queue: pc.Queue,
 		Frames: pc.Frames, FrameSize: pc.FrameSize, MTU: pc.MTU, Copy: pc.Copy, XDPMode: prog.Mode().String(),
 		DeviceMemory: pc.DeviceMemory, RXMetadata: prog.RXTimestamps()})
 	if err != nil {
 		return nil, nil, err
 	}
-	st := &xdpSteering{key: key, sp: sp, prog: prog, slot: uint32(pc.Queue), xsk: sock.FD()}
+	st := &Steering{key: key, sp: sp, prog: prog, slot: uint32(pc.Queue), xsk: sock.FD()}
 	if pc.Adopt != nil {
 		// Activate registers it, once the handed-over endpoints are bound.
 		return sock, st, nil
 	}
-	if err = st.activate(); err != nil {
+	if err = st.Activate(); err != nil {
 		_ = sock.Close()
 		return nil, nil, err
 	}
 	return sock, st, nil
 }
 
-// activate puts the ring's socket in its XSKMAP slot: steered frames reach
-// it from now on.
-func (s *xdpSteering) activate() error {
+// Activate puts the ring's socket in its XSKMAP slot: steered frames reach
+// it from now on (at open, or after a hand-over at Ring.Activate).
+func (s *Steering) Activate() error {
 	if err := s.prog.SetSocket(s.slot, s.xsk); err != nil {
 		return fmt.Errorf("register socket in XSKMAP: %w", err)
 	}
 	return nil
 }
 
-// xdpSteering is the ring's view of the interface's XDP program: its flows
+// Steering is a ring's view of the interface's XDP program: its flows
 // point at the ring's XSKMAP slot (the flows of several rings of the
 // interface are reference-counted in sp).
-type xdpSteering struct {
-	key  progKey
+type Steering struct {
+	key  qp.IfaceKey
 	sp   *sharedProgram
 	prog *bpf.Program
 	slot uint32
 	xsk  int // the AF_XDP socket's descriptor
 }
 
-func (s *xdpSteering) AddFlow(f qp.Flow) error { return s.sp.addFlow(f, s.slot) }
+// Program is the interface's XDP steering program, shared by its rings.
+func (s *Steering) Program() *bpf.Program { return s.prog }
 
-func (s *xdpSteering) DeleteFlow(f qp.Flow) error { return s.sp.deleteFlow(f, s.slot) }
+func (s *Steering) AddFlow(f qp.Flow) error { return s.sp.addFlow(f, s.slot) }
+
+func (s *Steering) DeleteFlow(f qp.Flow) error { return s.sp.deleteFlow(f, s.slot) }
 
 // Flows lists the flows steered to this ring's slot (other rings of the
 // interface share the map).
-func (s *xdpSteering) Flows() ([]qp.Flow, error) {
+func (s *Steering) Flows() ([]qp.Flow, error) {
 	m, err := s.prog.Flows()
 	if err != nil {
 		return nil, err
@@ -99,7 +104,7 @@ func (s *xdpSteering) Flows() ([]qp.Flow, error) {
 	return out, nil
 }
 
-func (s *xdpSteering) Healthy() error {
+func (s *Steering) Healthy() error {
 	ok, err := s.prog.Attached()
 	if err != nil {
 		return err
@@ -113,7 +118,7 @@ func (s *xdpSteering) Healthy() error {
 // Close removes the ring's flows (endpoints normally took theirs with
 // them), empties its XSKMAP slot and, with the last ring of the interface,
 // detaches the program.
-func (s *xdpSteering) Close() error {
+func (s *Steering) Close() error {
 	var errs []error
 	for _, f := range s.sp.slotFlows(s.slot) {
 		errs = append(errs, s.DeleteFlow(f))
@@ -121,3 +126,12 @@ func (s *xdpSteering) Close() error {
 	errs = append(errs, s.prog.ClearSocket(s.slot), releaseProgram(s.key))
 	return errors.Join(errs...)
 }
+
+// ClearSlot empties the ring's XSKMAP slot: the interface's frames of its
+// flows go to the kernel from now on (the hand-over's first step).
+func (s *Steering) ClearSlot() error { return s.prog.ClearSocket(s.slot) }
+
+// Abandon drops the ring's reference to the shared program like Close
+// does, but the last one closes this process's descriptors without
+// detaching the program: a new daemon holds it now.
+func (s *Steering) Abandon() error { return abandonProgram(s.key) }

@@ -1,14 +1,10 @@
-package ring
+package afxdp
 
 import (
 	"errors"
 	"fmt"
 	"os"
 	"sync"
-
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/ring/qp"
@@ -19,15 +15,8 @@ import (
 // first and detached by the last.
 var programs = struct {
 	sync.Mutex
-	m map[progKey]*sharedProgram
-}{m: map[progKey]*sharedProgram{}}
-
-// progKey names an interface across network namespaces: the namespace's
-// inode and the interface index.
-type progKey struct {
-	nsDev, nsIno uint64
-	ifindex      int
-}
+	m map[qp.IfaceKey]*sharedProgram
+}{m: map[qp.IfaceKey]*sharedProgram{}}
 
 type sharedProgram struct {
 	prog *bpf.Program
@@ -109,62 +98,17 @@ func (sp *sharedProgram) slotFlows(slot uint32) []qp.Flow {
 	return out
 }
 
-func nsKey(ifindex int) (progKey, error) {
-	var st unix.Stat_t
-	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
-		return progKey{}, fmt.Errorf("stat network namespace: %w", err)
-	}
-	return progKey{nsDev: st.Dev, nsIno: st.Ino, ifindex: ifindex}, nil
-}
-
-// homeNS identifies the network namespace the process started in (package
-// initialization runs on the main thread before any goroutine can have
-// switched a thread elsewhere). /proc/self/ns/net would not do: it is the
-// main thread's current namespace, and Go may run a goroutine that entered
-// another namespace on that thread.
-var homeNS = func() (st unix.Stat_t) {
-	_ = unix.Stat("/proc/thread-self/ns/net", &st)
-	return st
-}()
-
-// callerNS returns the calling thread's network namespace when it is not
-// the process's, and netns.None() when it is: then nothing needs setns(2)
-// (and so CAP_SYS_ADMIN) to reach the namespace later.
-func callerNS() (netns.NsHandle, error) {
-	var thread unix.Stat_t
-	if err := unix.Stat("/proc/thread-self/ns/net", &thread); err != nil {
-		return netns.None(), fmt.Errorf("stat network namespace: %w", err)
-	}
-	if homeNS.Ino != 0 && homeNS.Dev == thread.Dev && homeNS.Ino == thread.Ino {
-		return netns.None(), nil
-	}
-	ns, err := netns.Get()
-	if err != nil {
-		return netns.None(), fmt.Errorf("open the calling thread's network namespace: %w", err)
-	}
-	return ns, nil
-}
-
-// netlinkHandle returns a netlink handle for ns (netns.None(): the current
-// one, without entering it).
-func netlinkHandle(ns netns.NsHandle) (*netlink.Handle, error) {
-	if !ns.IsOpen() {
-		return netlink.NewHandle()
-	}
-	return netlink.NewHandleAt(ns)
-}
-
 // acquireProgram attaches the steering program to the interface, or shares
 // the one already attached by another ring of this process. Attaching needs
 // the calling thread to be in the interface's namespace.
-func acquireProgram(key progKey, opts bpf.Options) (*sharedProgram, error) {
+func acquireProgram(key qp.IfaceKey, opts bpf.Options) (*sharedProgram, error) {
 	programs.Lock()
 	defer programs.Unlock()
 	if sp, ok := programs.m[key]; ok {
 		sp.refs++
 		return sp, nil
 	}
-	p, err := bpf.Attach(key.ifindex, opts)
+	p, err := bpf.Attach(key.Ifindex, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -173,7 +117,7 @@ func acquireProgram(key progKey, opts bpf.Options) (*sharedProgram, error) {
 	return sp, nil
 }
 
-func releaseProgram(key progKey) error {
+func releaseProgram(key qp.IfaceKey) error {
 	programs.Lock()
 	defer programs.Unlock()
 	sp, ok := programs.m[key]
@@ -190,7 +134,7 @@ func releaseProgram(key progKey) error {
 // adoptProgram registers a program handed over by a previous daemon as the
 // interface's shared program (another ring of the interface adopting it
 // again gets the registered one; the duplicate is abandoned).
-func adoptProgram(key progKey, p *bpf.Program) *sharedProgram {
+func adoptProgram(key qp.IfaceKey, p *bpf.Program) *sharedProgram {
 	programs.Lock()
 	defer programs.Unlock()
 	if sp, ok := programs.m[key]; ok {
@@ -208,7 +152,7 @@ func adoptProgram(key progKey, p *bpf.Program) *sharedProgram {
 // abandonProgram drops a reference like releaseProgram, but the last one
 // closes this process's descriptors without detaching the program: a new
 // daemon holds it now.
-func abandonProgram(key progKey) error {
+func abandonProgram(key qp.IfaceKey) error {
 	programs.Lock()
 	defer programs.Unlock()
 	sp, ok := programs.m[key]
