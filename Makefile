@@ -39,7 +39,7 @@ build-verbs: deps
 test: deps lint check-generated
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 	$(GO) test -tags verbs -race -count=1 ./ring/provider/verbs/...
-	$(GO) test -tags verbs -race -count=1 -run 'Verbs|Provider' ./ring/ ./daemon/
+	$(GO) test -tags verbs -race -count=1 -run 'Verbs|Provider' ./ring/ ./daemon/ ./daemon/config/
 
 bench: deps build
 	scripts/bench.sh

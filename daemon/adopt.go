@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/bpf"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/takeover"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
@@ -36,7 +37,7 @@ type TakeoverOptions struct {
 // commits, any failure leaves the old daemon serving; after, the old one
 // is gone and an error means the clients lost their daemon. Like New, it
 // must run on a thread in the interfaces' network namespace.
-func Takeover(cfg Config, opts TakeoverOptions, log *zap.Logger) (_ *Daemon, err error) {
+func Takeover(cfg config.Config, opts TakeoverOptions, log *zap.Logger) (_ *Daemon, err error) {
 	if opts.MinState == 0 {
 		opts.MinState, opts.MaxState = takeover.MinVersion, takeover.Version
 	}
@@ -171,7 +172,7 @@ func (d *Daemon) checkState(st *takeover.State) error {
 	}
 	for _, ss := range st.Sessions {
 		for _, k := range ss.Sockets {
-			if k.QueueBytes <= 0 || k.MemSize < int64(socketMemory(k.QueueBytes)) {
+			if k.QueueBytes <= 0 || k.MemSize < int64(config.SocketMemory(k.QueueBytes)) {
 				return fmt.Errorf("socket %d: queue size %d in %d bytes of memory", k.ID, k.QueueBytes, k.MemSize)
 			}
 		}
@@ -224,7 +225,7 @@ func (d *Daemon) adopt(st *takeover.State, final *takeover.Final, files *takeove
 		}
 		progs[p.Interface] = prog
 	}
-	err = d.openRings(func(i int, it Interface) (*ring.Adoption, error) {
+	err = d.openRings(func(i int, it config.Interface) (*ring.Adoption, error) {
 		fd, err := files.Take(st.Rings[i].Doorbell)
 		if err != nil {
 			return nil, err
@@ -320,7 +321,7 @@ func (d *Daemon) adoptSession(ss takeover.Session, final *takeover.Final, files 
 			return s, fmt.Errorf("socket %d: %w", ks.ID, err)
 		}
 		s.sockets[k.id] = k
-		s.queueMem += int64(socketMemory(k.queueBytes))
+		s.queueMem += int64(config.SocketMemory(k.queueBytes))
 	}
 	return s, nil
 }

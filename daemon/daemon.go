@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/ring"
@@ -33,7 +34,7 @@ const writeTimeout = 5 * time.Second
 // Daemon is a running bypassd: its rings, its control socket and its client
 // sessions.
 type Daemon struct {
-	cfg   resolved
+	cfg   config.Resolved
 	log   *zap.Logger
 	rings []*ringInfo
 	// devices are the served interfaces' NIC facts, probed at start.
@@ -91,7 +92,7 @@ type ringInfo struct {
 	// r is the ring; with a TAP fallback a new one replaces it when its
 	// interface comes back after vanishing (see ringdown.go).
 	r   atomic.Pointer[ring.Ring]
-	it  Interface
+	it  config.Interface
 	log *zap.Logger
 	// rates is the interface's rate table (shared by its rings).
 	rates *pacing.Table
@@ -111,7 +112,7 @@ func (ri *ringInfo) ring() *ring.Ring { return ri.r.Load() }
 // queue. The rings are opened on the calling thread, so it must be in the
 // interfaces' network namespace (the daemon serves one namespace). On error
 // nothing is left behind.
-func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
+func New(cfg config.Config, log *zap.Logger) (_ *Daemon, err error) {
 	d, err := newDaemon(cfg, log)
 	if err != nil {
 		return nil, err
@@ -125,7 +126,7 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 	if err := prepareStatsDir(rc.StatsDir, log); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	if d.ln, err = ctlproto.Listen(rc.SocketPath, rc.SocketMode, rc.socketGID); err != nil {
+	if d.ln, err = ctlproto.Listen(rc.SocketPath, rc.SocketMode, rc.SocketGID); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
 	if err := d.resolveInterfaces(); err != nil {
@@ -153,11 +154,11 @@ func New(cfg Config, log *zap.Logger) (_ *Daemon, err error) {
 }
 
 // newDaemon validates cfg and returns a Daemon holding nothing yet.
-func newDaemon(cfg Config, log *zap.Logger) (*Daemon, error) {
+func newDaemon(cfg config.Config, log *zap.Logger) (*Daemon, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	rc, err := cfg.resolve()
+	rc, err := cfg.Resolve()
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
@@ -185,7 +186,7 @@ func (d *Daemon) resolveInterfaces() (err error) {
 	}); err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
-	if err := checkDevMem(rc.Config); err != nil {
+	if err := config.CheckDevMem(rc.Config); err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	d.cfg.Interfaces = rc.Interfaces
@@ -195,7 +196,7 @@ func (d *Daemon) resolveInterfaces() (err error) {
 // openRings opens one ring per configured interface queue, on the calling
 // thread's network namespace; adopt, when not nil, gives what a ring
 // takes over from a previous daemon.
-func (d *Daemon) openRings(adopt func(i int, it Interface) (*ring.Adoption, error)) (err error) {
+func (d *Daemon) openRings(adopt func(i int, it config.Interface) (*ring.Adoption, error)) (err error) {
 	rc, log := &d.cfg, d.log
 	if d.netns, err = netns.Get(); err != nil {
 		return fmt.Errorf("daemon: open the network namespace: %w", err)
@@ -294,10 +295,10 @@ func (d *Daemon) Rings() []*ring.Ring {
 	return out
 }
 
-// SetLogLevel changes the log level at run time. It needs Config.LogLevel.
+// SetLogLevel changes the log level at run time. It needs config.Config.LogLevel.
 func (d *Daemon) SetLogLevel(l zapcore.Level) error {
 	if d.cfg.LogLevel == nil {
-		return errors.New("daemon: log level is fixed: the daemon was started without Config.LogLevel")
+		return errors.New("daemon: log level is fixed: the daemon was started without config.Config.LogLevel")
 	}
 	d.cfg.LogLevel.SetLevel(l)
 	d.log.Info("log level changed", zap.Stringer("level", l))

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/internal/sockq"
@@ -24,7 +25,7 @@ import (
 
 func TestOpenBindClose(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{RXPoll: 25 * time.Microsecond, MaxSockets: 7})
+	l := newLab(t, config.Config{RXPoll: 25 * time.Microsecond, MaxSockets: 7})
 	c := newClient(t, l.cfg.SocketPath)
 	hr, err := c.hello()
 	if err != nil {
@@ -117,7 +118,7 @@ func TestOpenBindClose(t *testing.T) {
 
 func TestDatagramsBothWays(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{})
+	l := newLab(t, config.Config{})
 	c := helloClient(t, l)
 	for _, fam := range []struct {
 		name   string
@@ -199,7 +200,7 @@ func TestDatagramsBothWays(t *testing.T) {
 
 func TestConnectBindsImplicitly(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{})
+	l := newLab(t, config.Config{})
 	c := helloClient(t, l)
 	s := openSocket(t, c, unix.AF_INET)
 	// Disconnecting an unbound socket is a no-op; bad peers are refused
@@ -241,7 +242,7 @@ func TestConnectBindsImplicitly(t *testing.T) {
 
 func TestMulticastMembership(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{})
+	l := newLab(t, config.Config{})
 	c := helloClient(t, l)
 	s := openSocket(t, c, unix.AF_INET)
 	group := netip.MustParseAddr("239.1.2.3")
@@ -306,7 +307,7 @@ func TestMulticastMembership(t *testing.T) {
 
 func TestProtocolErrors(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{})
+	l := newLab(t, config.Config{})
 	hello := func(req uint32) []byte {
 		return marshal(t, ctlproto.Header{Code: ctlproto.CodeHello, ReqID: req}, ctlproto.NewHello("raw"))
 	}
@@ -395,7 +396,7 @@ func TestProtocolErrors(t *testing.T) {
 
 func TestForeignSocketIsEBADF(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{})
+	l := newLab(t, config.Config{})
 	a := newClient(t, l.cfg.SocketPath)
 	b := newClient(t, l.cfg.SocketPath)
 	for _, c := range []*client{a, b} {
@@ -432,8 +433,8 @@ func TestForeignSocketIsEBADF(t *testing.T) {
 
 func TestLimits(t *testing.T) {
 	t.Parallel()
-	small := socketMemory(4096)
-	l := newLab(t, Config{MaxSockets: 3, QueueBytes: 4096, MaxQueueMemory: int64(4 * small)})
+	small := config.SocketMemory(4096)
+	l := newLab(t, config.Config{MaxSockets: 3, QueueBytes: 4096, MaxQueueMemory: int64(4 * small)})
 	c := helloClient(t, l)
 	var socks []*clientSocket
 	for i := 0; i < 3; i++ {
@@ -502,7 +503,7 @@ func TestPrivilegedPortNeedsPrivilege(t *testing.T) {
 	t.Parallel()
 	netlab.RequirePriv(t)
 	dir := publicDir(t)
-	l := newLab(t, Config{SocketPath: filepath.Join(dir, "ctl.sock"), SocketMode: 0o666})
+	l := newLab(t, config.Config{SocketPath: filepath.Join(dir, "ctl.sock"), SocketMode: 0o666})
 	bin := copyExecutable(t, dir)
 	env := []string{envSocket + "=" + l.cfg.SocketPath, envAddr + "=" + l.p.A.Addr4().String()}
 	ch := startChild(t, bin, "privport", env, &syscall.Credential{Uid: 65534, Gid: 65534})
@@ -522,7 +523,7 @@ func TestPrivilegedPortNeedsPrivilege(t *testing.T) {
 
 func TestKilledClientReleasesEverything(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{})
+	l := newLab(t, config.Config{})
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -582,7 +583,7 @@ func released(t *testing.T, l *lab, bound netip.AddrPort) error {
 
 func TestShutdownTellsClients(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{})
+	l := newLab(t, config.Config{})
 	c := helloClient(t, l)
 	s := openSocket(t, c, unix.AF_INET)
 	bound, err := c.bind(s, netip.AddrPortFrom(l.p.A.Addr4(), 0), false)
@@ -628,10 +629,10 @@ func TestShutdownTellsClients(t *testing.T) {
 
 func TestSecondDaemonRefused(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{})
+	l := newLab(t, config.Config{})
 	cfg := l.cfg
 	cfg.StatsDir = filepath.Join(t.TempDir(), "stats")
-	try := func(cfg Config) error {
+	try := func(cfg config.Config) error {
 		return l.p.A.NS.Do(func() error {
 			d, err := New(cfg, nil)
 			if err == nil {
@@ -672,7 +673,7 @@ func TestManySocketsReleasedOnKill(t *testing.T) {
 	t.Parallel()
 	for _, queues := range []int{1, 4} {
 		t.Run(fmt.Sprintf("%d queues", queues), func(t *testing.T) {
-			l := newLabQueues(t, Config{QueueBytes: 4096}, queues)
+			l := newLabQueues(t, config.Config{QueueBytes: 4096}, queues)
 			if n := len(l.d.Rings()); n != queues {
 				t.Fatalf("%d rings on a %d-queue interface", n, queues)
 			}

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/internal/shmq"
@@ -43,7 +44,7 @@ func TestMain(m *testing.M) {
 type lab struct {
 	p      *netlab.Pair
 	d      *Daemon
-	cfg    Config
+	cfg    config.Config
 	served chan error
 	cancel context.CancelFunc
 }
@@ -51,19 +52,19 @@ type lab struct {
 // newLab starts a daemon on a new pair's A end with cfg (Interfaces,
 // paths and small sizes filled in when zero), serving in the background.
 // Cleanup stops it and checks it shut down cleanly.
-func newLab(t *testing.T, cfg Config) *lab {
+func newLab(t *testing.T, cfg config.Config) *lab {
 	t.Helper()
 	return newLabQueues(t, cfg, 1)
 }
 
 // newLabQueues is newLab on a pair whose ends have queues receive and
 // transmit queues (the daemon serves every one of A's by default).
-func newLabQueues(t *testing.T, cfg Config, queues int) *lab {
+func newLabQueues(t *testing.T, cfg config.Config, queues int) *lab {
 	t.Helper()
 	p := netlab.NewPair(t, netlab.Options{RxQueues: queues, TxQueues: queues})
 	dir := t.TempDir()
 	if cfg.Interfaces == nil {
-		cfg.Interfaces = []Interface{{Name: p.A.Name, Count: AllQueues}}
+		cfg.Interfaces = []config.Interface{{Name: p.A.Name, Count: config.AllQueues}}
 	}
 	if cfg.SocketPath == "" {
 		cfg.SocketPath = filepath.Join(dir, "ctl.sock")

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/sockq"
 )
@@ -21,7 +22,7 @@ import (
 // ring keep serving everyone else.
 func TestHostileClientMemory(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{})
+	l := newLab(t, config.Config{})
 	bad := helloClient(t, l)
 	r, err := bad.ok(ctlproto.CodeOpen, 0, ctlproto.Open{Family: unix.AF_INET, Type: unix.SOCK_DGRAM})
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/clock/tsconv"
 )
@@ -14,7 +15,7 @@ import (
 // every socket's timestamps mean the same thing. It logs one line: the
 // effective mode and, when it is lower than requested, the first interface
 // that lowered it and why.
-func hwTimestampMode(ifaces []Interface, requested tsconv.Mode, log *zap.Logger) (tsconv.Mode, error) {
+func hwTimestampMode(ifaces []config.Interface, requested tsconv.Mode, log *zap.Logger) (tsconv.Mode, error) {
 	if requested == tsconv.ModeDisable {
 		log.Info("hardware timestamps disabled (mode 0)", zap.Int("hw_ts_conversion", 0))
 		return tsconv.ModeDisable, nil

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/ring/clock/tsconv"
 )
@@ -18,7 +19,7 @@ import (
 // PTP. Mode 0 says so without probing.
 func TestHWTimestampModeNoPHC(t *testing.T) {
 	p := netlab.NewPair(t, netlab.Options{})
-	ifaces := []Interface{{Name: p.A.Name}, {Name: p.A.Name, Queue: 1}}
+	ifaces := []config.Interface{{Name: p.A.Name}, {Name: p.A.Name, Queue: 1}}
 	for _, requested := range []tsconv.Mode{tsconv.ModeBest, tsconv.ModeSync, tsconv.ModePTP, tsconv.ModeRaw, tsconv.ModeDisable} {
 		core, logs := observer.New(zap.DebugLevel)
 		var got tsconv.Mode
@@ -45,7 +46,7 @@ func TestHWTimestampModeNoPHC(t *testing.T) {
 
 // The daemon's rings run in the effective mode; the default request is 3.
 func TestDaemonHWTimestampMode(t *testing.T) {
-	l := newLab(t, Config{})
+	l := newLab(t, config.Config{})
 	if got := *l.d.cfg.HWTSConversion; got != tsconv.ModeSync {
 		t.Fatalf("default requested mode %v, want sync", got)
 	}
@@ -55,7 +56,7 @@ func TestDaemonHWTimestampMode(t *testing.T) {
 		}
 	}
 	bad := tsconv.Mode(7)
-	if err := (Config{Interfaces: []Interface{{Name: "eth9"}}, HWTSConversion: &bad}).Validate(); err == nil || !strings.Contains(err.Error(), "conversion mode 7") {
+	if err := (config.Config{Interfaces: []config.Interface{{Name: "eth9"}}, HWTSConversion: &bad}).Validate(); err == nil || !strings.Contains(err.Error(), "conversion mode 7") {
 		t.Fatalf("mode 7 accepted: %v", err)
 	}
 }

@@ -22,7 +22,7 @@ type metricsServer struct {
 	served chan error
 }
 
-// startMetrics listens on Config.MetricsAddr (in the daemon's network
+// startMetrics listens on config.Config.MetricsAddr (in the daemon's network
 // namespace) and serves the registry.
 func (d *Daemon) startMetrics() error {
 	if d.cfg.MetricsAddr == "" {

@@ -1,36 +1,21 @@
 package daemon
 
 import (
-	"fmt"
 	"slices"
 
 	"go.uber.org/zap"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/provider/verbs"
 	"github.com/bypassd/bypassd/ring/qp"
 )
 
-// ProviderAuto lets the daemon pick each interface's provider.
-const ProviderAuto = "auto"
-
-// checkProvider accepts auto and the providers this binary has, and says
-// how to get verbs when it is missing.
-func checkProvider(name string) error {
-	if name == ProviderAuto || slices.Contains(qp.Providers(), name) {
-		return nil
-	}
-	if name == "verbs" {
-		return fmt.Errorf("provider verbs: %w", verbs.ErrNotBuilt)
-	}
-	return fmt.Errorf("provider %q: want auto or one of %v", name, qp.Providers())
-}
-
 // chooseProvider resolves auto for one interface from what verbs.Decide
 // found: verbs when the binary has it and the interface has an RDMA port
 // that carries raw packet QPs, afxdp otherwise. It logs the choice and why.
 func chooseProvider(requested string, d verbs.Decision, log *zap.Logger) string {
-	if requested != ProviderAuto {
+	if requested != config.ProviderAuto {
 		return requested
 	}
 	if d.Use && slices.Contains(qp.Providers(), "verbs") {

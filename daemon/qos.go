@@ -2,15 +2,13 @@ package daemon
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"slices"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/ring/sched/qos"
@@ -23,64 +21,13 @@ import (
 // traffic class and TTL of the command line. The engine (package ring)
 // schedules by it.
 
-// QoSFile is the document of --qos-file: the QoS state of the interfaces
-// it names (others get the defaults). Each entry's keys are those of
-// qos.Config; missing keys take the defaults.
-type QoSFile struct {
-	Interfaces map[string]qos.Config `json:"interfaces"`
-}
-
-// LoadQoSFile reads and validates a QoS file. A file that does not exist
-// yet is empty: the daemon creates it at the first change.
-func LoadQoSFile(path string) (QoSFile, error) {
-	var f QoSFile
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return f, nil
-	}
-	if err != nil {
-		return f, fmt.Errorf("QoS file: %w", err)
-	}
-	if err := json.Unmarshal(b, &f); err != nil {
-		return f, fmt.Errorf("QoS file %s: %w (see docs/configuration.md, \"QoS file\")", path, err)
-	}
-	return f, nil
-}
-
-// interfaceQoS returns the QoS state an interface starts with.
-func (c *Config) interfaceQoS(name string) qos.Config {
-	q, ok := c.QoS.Interfaces[name]
-	if !ok {
-		q = qos.Default()
-		if c.TrafficClass != nil {
-			q.TrafficClass = int(*c.TrafficClass)
-		}
-		q.TTL = c.TTL
-	}
-	return q
-}
-
-// validateQoS checks the QoS part of the configuration.
-func (c *Config) validateQoS() error {
-	var errs []error
-	for name, q := range c.QoS.Interfaces {
-		if !slices.ContainsFunc(c.Interfaces, func(it Interface) bool { return it.Name == name }) {
-			errs = append(errs, fmt.Errorf("QoS for interface %s, which bypassd does not serve (check --interface)", name))
-		}
-		if err := q.Validate(); err != nil {
-			errs = append(errs, fmt.Errorf("QoS for %s: %w", name, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // applyQoS gives ri's ring its interface's QoS state.
 func (d *Daemon) applyQoS(ri *ringInfo) {
 	d.qosMu.Lock()
 	defer d.qosMu.Unlock()
 	q, ok := d.qosNow[ri.it.Name]
 	if !ok {
-		q = d.cfg.interfaceQoS(ri.it.Name)
+		q = d.cfg.InterfaceQoS(ri.it.Name)
 		d.qosNow[ri.it.Name] = q
 	}
 	ri.ring().SetQoS(&q)
@@ -118,7 +65,7 @@ func (d *Daemon) saveQoS() error {
 	if path == "" {
 		return nil
 	}
-	b, err := json.MarshalIndent(QoSFile{Interfaces: d.qosNow}, "", "  ")
+	b, err := json.MarshalIndent(config.QoSFile{Interfaces: d.qosNow}, "", "  ")
 	if err != nil {
 		return err
 	}

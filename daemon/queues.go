@@ -9,6 +9,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -19,20 +20,16 @@ import (
 // to the ring of the queue that received it, which hands it to the flow's
 // home ring (ring/handoff.go).
 
-// AllQueues as Interface.Count: every receive queue the interface has
-// (limited by Config.Queues).
-const AllQueues = -1
-
-// expandInterfaces lists the rings to open, one Interface (Count 0) per
+// expandInterfaces lists the rings to open, one config.Interface (Count 0) per
 // queue: every receive queue of an interface given without queues (the
 // first limit of them when limit > 0), the given ones otherwise. count
 // tells how many receive queues an interface has.
-func expandInterfaces(its []Interface, limit int, count func(string) (int, error)) ([]Interface, error) {
-	var out []Interface
-	seen := map[Interface]bool{}
+func expandInterfaces(its []config.Interface, limit int, count func(string) (int, error)) ([]config.Interface, error) {
+	var out []config.Interface
+	seen := map[config.Interface]bool{}
 	for _, it := range its {
 		first, n := it.Queue, max(it.Count, 1)
-		if it.Count == AllQueues {
+		if it.Count == config.AllQueues {
 			have, err := count(it.Name)
 			if err != nil {
 				return nil, fmt.Errorf("interface %s: count its receive queues: %w (name the queues: --interface %s:0-3)", it.Name, err, it.Name)
@@ -46,8 +43,8 @@ func expandInterfaces(its []Interface, limit int, count func(string) (int, error
 			}
 		}
 		for q := first; q < first+n; q++ {
-			one := Interface{Name: it.Name, Queue: q}
-			if err := one.validate(); err != nil {
+			one := config.Interface{Name: it.Name, Queue: q}
+			if err := one.Validate(); err != nil {
 				return nil, err
 			}
 			if seen[one] {
@@ -112,7 +109,7 @@ func rxQueueCount(nl *netlink.Handle, ifname string) (int, error) {
 // else spread over the CPUs the daemon may use, one per ring. A single
 // ring without --cpus is not pinned (as before multi-queue support): the
 // scheduler places it next to its clients.
-func engineCPUs(its []Interface, cpus []int, bus func(string) string) [][]int {
+func engineCPUs(its []config.Interface, cpus []int, bus func(string) string) [][]int {
 	out := make([][]int, len(its))
 	if len(cpus) > 0 {
 		for k := range its {
@@ -196,34 +193,9 @@ func irqAffinity(irq int) []int {
 	if err != nil {
 		return nil
 	}
-	cpus, err := ParseCPUList(strings.TrimSpace(string(b)))
+	cpus, err := config.ParseCPUList(strings.TrimSpace(string(b)))
 	if err != nil {
 		return nil
 	}
 	return cpus
-}
-
-// ParseCPUList reads a CPU list like "0,2-3" (the kernel's cpulist format).
-func ParseCPUList(v string) ([]int, error) {
-	var cpus []int
-	seen := map[int]bool{}
-	for _, part := range strings.Split(v, ",") {
-		part = strings.TrimSpace(part)
-		lo, hi, isRange := strings.Cut(part, "-")
-		a, err := strconv.Atoi(lo)
-		b := a
-		if err == nil && isRange {
-			b, err = strconv.Atoi(hi)
-		}
-		if err != nil || a < 0 || b < a || b >= 1<<16 {
-			return nil, fmt.Errorf("%q is not a CPU or range (want a list like 0,2-3)", part)
-		}
-		for c := a; c <= b; c++ {
-			if !seen[c] {
-				seen[c] = true
-				cpus = append(cpus, c)
-			}
-		}
-	}
-	return cpus, nil
 }

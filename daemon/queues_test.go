@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/internal/sockq"
@@ -27,18 +28,18 @@ func TestExpandInterfaces(t *testing.T) {
 		return 0, errors.New("no such interface")
 	}
 	for _, tc := range []struct {
-		in    []Interface
+		in    []config.Interface
 		limit int
-		want  []Interface
+		want  []config.Interface
 		err   string
 	}{
-		{in: []Interface{{Name: "eth1", Count: AllQueues}}, want: []Interface{{"eth1", 0, 0}, {"eth1", 1, 0}, {"eth1", 2, 0}, {"eth1", 3, 0}}},
-		{in: []Interface{{Name: "eth1", Count: AllQueues}}, limit: 2, want: []Interface{{"eth1", 0, 0}, {"eth1", 1, 0}}},
-		{in: []Interface{{Name: "eth1", Queue: 2, Count: AllQueues}}, want: []Interface{{"eth1", 2, 0}, {"eth1", 3, 0}}},
-		{in: []Interface{{Name: "eth1", Queue: 1, Count: 2}, {Name: "eth2"}}, want: []Interface{{"eth1", 1, 0}, {"eth1", 2, 0}, {"eth2", 0, 0}}},
-		{in: []Interface{{Name: "eth1", Count: AllQueues}, {Name: "eth1", Queue: 3}}, err: "queue 3 given twice"},
-		{in: []Interface{{Name: "eth9", Count: AllQueues}}, err: "count its receive queues"},
-		{in: []Interface{{Name: "eth2", Queue: 5, Count: AllQueues}}, err: "none from queue 5"},
+		{in: []config.Interface{{Name: "eth1", Count: config.AllQueues}}, want: []config.Interface{{Name: "eth1", Queue: 0}, {Name: "eth1", Queue: 1}, {Name: "eth1", Queue: 2}, {Name: "eth1", Queue: 3}}},
+		{in: []config.Interface{{Name: "eth1", Count: config.AllQueues}}, limit: 2, want: []config.Interface{{Name: "eth1", Queue: 0}, {Name: "eth1", Queue: 1}}},
+		{in: []config.Interface{{Name: "eth1", Queue: 2, Count: config.AllQueues}}, want: []config.Interface{{Name: "eth1", Queue: 2}, {Name: "eth1", Queue: 3}}},
+		{in: []config.Interface{{Name: "eth1", Queue: 1, Count: 2}, {Name: "eth2"}}, want: []config.Interface{{Name: "eth1", Queue: 1}, {Name: "eth1", Queue: 2}, {Name: "eth2", Queue: 0}}},
+		{in: []config.Interface{{Name: "eth1", Count: config.AllQueues}, {Name: "eth1", Queue: 3}}, err: "queue 3 given twice"},
+		{in: []config.Interface{{Name: "eth9", Count: config.AllQueues}}, err: "count its receive queues"},
+		{in: []config.Interface{{Name: "eth2", Queue: 5, Count: config.AllQueues}}, err: "none from queue 5"},
 	} {
 		got, err := expandInterfaces(tc.in, tc.limit, count)
 		if tc.err != "" {
@@ -54,7 +55,7 @@ func TestExpandInterfaces(t *testing.T) {
 }
 
 func TestEngineCPUs(t *testing.T) {
-	two := []Interface{{Name: "eth1"}, {Name: "eth1", Queue: 1}, {Name: "eth1", Queue: 2}}
+	two := []config.Interface{{Name: "eth1"}, {Name: "eth1", Queue: 1}, {Name: "eth1", Queue: 2}}
 	noBus := func(string) string { return "" }
 	if got := engineCPUs(two, []int{5, 7}, noBus); !slices.EqualFunc(got, [][]int{{5}, {7}, {5}}, slices.Equal) {
 		t.Errorf("with --cpus 5,7: %v, want rings on 5, 7, 5", got)
@@ -95,7 +96,7 @@ func TestEveryQueue(t *testing.T) {
 
 func everyQueue(t *testing.T, queues int) {
 	const sockets, flows, rounds = 8, 64, 10
-	l := newLabQueues(t, Config{}, queues)
+	l := newLabQueues(t, config.Config{}, queues)
 	if n := len(l.d.Rings()); n != queues {
 		t.Fatalf("%d rings, want one per queue (%d)", n, queues)
 	}

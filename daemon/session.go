@@ -395,3 +395,12 @@ func (s *session) release() {
 	s.pub.Unlock()
 	s.log.Debug("session ended; sockets released", zap.Int("sockets", n), zap.Duration("took", time.Since(start)))
 }
+
+// pollMicros converts a poll duration to the protocol's microseconds:
+// -1 spins forever.
+func pollMicros(d time.Duration) int32 {
+	if d < 0 {
+		return -1
+	}
+	return int32(d / time.Microsecond)
+}

@@ -3,12 +3,12 @@ package daemon
 import (
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
@@ -72,20 +72,12 @@ type pendingGroup struct{ group, source netip.Addr }
 // aligned).
 func rxOffset(queueBytes int) int { return shmq.Size(queueBytes) }
 
-// socketMemory is the memfd size of a socket with the given queue size:
-// both queues, rounded up to whole pages.
-func socketMemory(queueBytes int) int {
-	page := os.Getpagesize()
-	n := 2 * shmq.Size(queueBytes)
-	return (n + page - 1) / page * page
-}
-
 // newSocket creates a socket's memfd with both queues formatted, and its
 // eventfds. The socket keeps the memfd (k.memfd), which the caller sends.
 func newSocket(id uint32, family uint16, queueBytes int, home *ringInfo) (_ *socket, err error) {
 	k := &socket{id: id, family: family, queueBytes: queueBytes, home: home, hdr: ring.DefaultHeaderOptions, memfd: -1}
 	home.homed.Add(1)
-	size := socketMemory(queueBytes)
+	size := config.SocketMemory(queueBytes)
 	k.memfd, k.mem, err = shmq.CreateMemfd(fmt.Sprintf("bypassd-socket-%d", id), size)
 	if err != nil {
 		return nil, fmt.Errorf("create shared memory of %d bytes: %w", size, err)
@@ -195,10 +187,10 @@ func (s *session) newSocketFor(h ctlproto.Header, family, typ uint16, queueBytes
 	if qb == 0 {
 		qb = cfg.QueueBytes
 	}
-	if err := checkQueueBytes(qb); err != nil {
+	if err := config.CheckQueueBytes(qb); err != nil {
 		return nil, fmt.Errorf("%w: %w", err, unix.EINVAL)
 	}
-	size := int64(socketMemory(qb))
+	size := int64(config.SocketMemory(qb))
 	if s.queueMem+size > cfg.MaxQueueMemory {
 		s.limitLog("queue memory limit reached: further OPENs fail with ENOMEM (raise --max-queue-memory or open smaller queues)",
 			zap.Int64("max_queue_memory", cfg.MaxQueueMemory), zap.Int64("in_use", s.queueMem))
@@ -224,7 +216,7 @@ func (s *session) newSocketFor(h ctlproto.Header, family, typ uint16, queueBytes
 
 // openReply describes k's memory as OPEN and ACCEPT replies do.
 func (k *socket) openReply() ctlproto.OpenReply {
-	return ctlproto.OpenReply{QueueBytes: uint32(k.queueBytes), MemfdSize: uint64(socketMemory(k.queueBytes)),
+	return ctlproto.OpenReply{QueueBytes: uint32(k.queueBytes), MemfdSize: uint64(config.SocketMemory(k.queueBytes)),
 		TXOffset: 0, RXOffset: uint64(rxOffset(k.queueBytes))}
 }
 
@@ -247,7 +239,7 @@ func (s *session) sendNew(rh ctlproto.Header, body ctlproto.Message, k *socket) 
 	}
 	s.pub.Lock()
 	s.sockets[k.id] = k
-	s.queueMem += int64(socketMemory(k.queueBytes))
+	s.queueMem += int64(config.SocketMemory(k.queueBytes))
 	s.opened++
 	s.pub.Unlock()
 	s.d.ctl.socketsTotal.Add(1)
@@ -287,7 +279,7 @@ func (s *session) closeSocket(k *socket) {
 		s.retire(ep)
 	}
 	delete(s.sockets, k.id)
-	s.queueMem -= int64(socketMemory(k.queueBytes))
+	s.queueMem -= int64(config.SocketMemory(k.queueBytes))
 	s.log.Debug("socket closed", zap.Uint32("socket", k.id))
 }
 

@@ -116,7 +116,7 @@ func (d *Daemon) startStats() error {
 	w, err := stats.Create(stats.DaemonPath(d.cfg.StatsDir, os.Getpid()), stats.FileSpec{
 		Kind: stats.KindDaemon, PID: os.Getpid(), UID: uint32(os.Geteuid()), Command: procComm(os.Getpid()),
 		Program: "bypassd", Started: d.started, RingSlots: min(len(d.rings), stats.MaxRingSlots),
-		Mode: d.statsMode(), GID: d.cfg.socketGID,
+		Mode: d.statsMode(), GID: d.cfg.SocketGID,
 	})
 	if err != nil {
 		return err
@@ -218,7 +218,7 @@ func (d *Daemon) joinClient(s *session, program string) {
 		if st.w != nil {
 			w, err := stats.Create(stats.ClientPath(d.cfg.StatsDir, pid), stats.FileSpec{
 				Kind: stats.KindClient, PID: pid, UID: c.uid, Command: c.command, Program: program, Started: c.started,
-				SocketSlots: min(d.cfg.MaxSockets, stats.MaxSocketSlots), Mode: d.statsMode(), GID: d.cfg.socketGID,
+				SocketSlots: min(d.cfg.MaxSockets, stats.MaxSocketSlots), Mode: d.statsMode(), GID: d.cfg.SocketGID,
 			})
 			if err != nil {
 				// The client works without its file; only bypass-stats

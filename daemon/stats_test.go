@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/sockq"
 	"github.com/bypassd/bypassd/stats"
@@ -51,7 +52,7 @@ func waitGone(t *testing.T, path string) {
 
 func TestStatsFileLifecycle(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{StatsInterval: 10 * time.Millisecond})
+	l := newLab(t, config.Config{StatsInterval: 10 * time.Millisecond})
 	dir := l.cfg.StatsDir
 	self := stats.ClientPath(dir, os.Getpid())
 	// The daemon's own file exists from the start.
@@ -80,7 +81,7 @@ func TestStatsFileLifecycle(t *testing.T) {
 	}
 	s := waitFile(t, self, nil)
 	if s.Header.PID != os.Getpid() || s.Header.WriterPID != os.Getpid() || s.Header.Program != "daemon-test" ||
-		s.Header.Kind != stats.KindClient || s.Header.SocketSlots != DefaultMaxSockets {
+		s.Header.Kind != stats.KindClient || s.Header.SocketSlots != config.DefaultMaxSockets {
 		t.Errorf("client header %+v", s.Header)
 	}
 	// A second connection of the same process shares the file; it stays
@@ -123,7 +124,7 @@ func TestStatsFileLifecycle(t *testing.T) {
 
 func TestStatsCountPacketForPacket(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{StatsInterval: 10 * time.Millisecond})
+	l := newLab(t, config.Config{StatsInterval: 10 * time.Millisecond})
 	c := helloClient(t, l)
 	peer := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
 	peerAddr := peer.LocalAddr().(*net.UDPAddr).AddrPort()
@@ -182,7 +183,7 @@ func TestStatsCountPacketForPacket(t *testing.T) {
 			t.Errorf("socket %d: %d batches, %d wake-ups", sk.ID, c[stats.SockRXBatches], c[stats.SockRXWakeups])
 		}
 	}
-	if snap.Client.SocketsOpened != 2 || snap.Client.Sockets != 2 || snap.Client.QueueMemory != 2*int64(socketMemory(l.cfg.QueueBytes)) {
+	if snap.Client.SocketsOpened != 2 || snap.Client.Sockets != 2 || snap.Client.QueueMemory != 2*int64(config.SocketMemory(l.cfg.QueueBytes)) {
 		t.Errorf("client block %+v", snap.Client)
 	}
 
@@ -235,7 +236,7 @@ func TestStatsCountPacketForPacket(t *testing.T) {
 
 func TestSetLogLevelAndStatsOff(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{StatsInterval: -1})
+	l := newLab(t, config.Config{StatsInterval: -1})
 	c := helloClient(t, l)
 	if entries, _ := os.ReadDir(l.cfg.StatsDir); len(entries) != 0 {
 		t.Errorf("stats files with publishing off: %v", entries)
@@ -257,7 +258,7 @@ func TestSetLogLevelAndStatsOff(t *testing.T) {
 
 func TestMetricsEndpoint(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{MetricsAddr: "127.0.0.1:0", Version: "v-test"})
+	l := newLab(t, config.Config{MetricsAddr: "127.0.0.1:0", Version: "v-test"})
 	addr := l.d.MetricsAddr()
 	if addr == "" || strings.HasSuffix(addr, ":0") {
 		t.Fatalf("metrics address %q", addr)
@@ -291,7 +292,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		resp.Body.Close()
 	}
 	// A taken address is a clear start-up error.
-	other := &Daemon{cfg: resolved{Config: Config{MetricsAddr: addr}}, log: zap.NewNop()}
+	other := &Daemon{cfg: config.Resolved{Config: config.Config{MetricsAddr: addr}}, log: zap.NewNop()}
 	err = l.p.A.NS.Do(func() error { return other.startMetrics() })
 	if err == nil || !strings.Contains(err.Error(), "address already in use") || !strings.Contains(err.Error(), "--metrics-addr") {
 		t.Errorf("taken metrics address: %v", err)
@@ -300,18 +301,18 @@ func TestMetricsEndpoint(t *testing.T) {
 }
 
 func TestStatsConfig(t *testing.T) {
-	base := Config{Interfaces: []Interface{{Name: "eth0"}}}
-	c := base.withDefaults()
-	if c.StatsInterval != DefaultStatsInterval || c.MetricsMaxClients != stats.DefaultMaxClients || c.MetricsAddr != "" || c.Version != "dev" {
+	base := config.Config{Interfaces: []config.Interface{{Name: "eth0"}}}
+	c := base.WithDefaults()
+	if c.StatsInterval != config.DefaultStatsInterval || c.MetricsMaxClients != stats.DefaultMaxClients || c.MetricsAddr != "" || c.Version != "dev" {
 		t.Errorf("defaults %+v", c)
 	}
 	for _, tc := range []struct {
-		mod  func(*Config)
+		mod  func(*config.Config)
 		want string
 	}{
-		{func(c *Config) { c.StatsInterval = time.Microsecond }, "at least 1ms"},
-		{func(c *Config) { c.MetricsAddr = "9465" }, "HOST:PORT"},
-		{func(c *Config) { c.MetricsMaxClients = -1 }, "must be positive"},
+		{func(c *config.Config) { c.StatsInterval = time.Microsecond }, "at least 1ms"},
+		{func(c *config.Config) { c.MetricsAddr = "9465" }, "HOST:PORT"},
+		{func(c *config.Config) { c.MetricsMaxClients = -1 }, "must be positive"},
 	} {
 		c := base
 		tc.mod(&c)
@@ -321,7 +322,7 @@ func TestStatsConfig(t *testing.T) {
 	}
 	// The stats files' mode follows the control socket's read bits.
 	for sock, want := range map[os.FileMode]os.FileMode{0o660: 0o640, 0o666: 0o644, 0o600: 0o600} {
-		d := &Daemon{cfg: resolved{Config: Config{SocketMode: sock}}}
+		d := &Daemon{cfg: config.Resolved{Config: config.Config{SocketMode: sock}}}
 		if got := d.statsMode(); got != want {
 			t.Errorf("socket mode %#o: stats mode %#o, want %#o", sock, got, want)
 		}

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/takeover"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/sockq"
@@ -73,7 +74,7 @@ type stream struct {
 // counters go on from the old one's, and new clients are accepted.
 func TestTakeoverUnderTraffic(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{QueueBytes: 1 << 20})
+	l := newLab(t, config.Config{QueueBytes: 1 << 20})
 	c := helloClient(t, l)
 	const nsock = 4
 	var socks []*clientSocket
@@ -289,7 +290,7 @@ func TestTakeoverUnderTraffic(t *testing.T) {
 // with its client's socket intact.
 func TestTakeoverRefused(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{})
+	l := newLab(t, config.Config{})
 	c := helloClient(t, l)
 	s := openSocket(t, c, unix.AF_INET)
 	local, err := c.bind(s, netip.AddrPortFrom(l.p.A.Addr4(), 0), false)
@@ -325,7 +326,7 @@ func TestTakeoverBlackout(t *testing.T) {
 	}
 	for _, n := range []int{0, 100, 1000} {
 		t.Run(strconv.Itoa(n), func(t *testing.T) {
-			l := newLab(t, Config{QueueBytes: 64 << 10})
+			l := newLab(t, config.Config{QueueBytes: 64 << 10})
 			c := helloClient(t, l)
 			for range n {
 				s := openSocket(t, c, unix.AF_INET)

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/stats"
 	"github.com/bypassd/bypassd/tap"
 )
@@ -19,7 +20,7 @@ import (
 // client is gone; the daemon's exit removes the qdisc and the TAP.
 func TestTAPFiltersFollowSockets(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{Fallback: "tap"})
+	l := newLab(t, config.Config{Fallback: "tap"})
 	tcShow := func(args ...string) string {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

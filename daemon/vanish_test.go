@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 )
 
@@ -21,7 +22,7 @@ import (
 // clients waiting.
 func TestVanishedInterfaceStopsDaemon(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, Config{Fallback: "none"})
+	l := newLab(t, config.Config{Fallback: "none"})
 	c := helloClient(t, l)
 	s := openSocket(t, c, unix.AF_INET)
 	if _, err := c.bind(s, netip.AddrPortFrom(l.p.A.Addr4(), 0), false); err != nil {
@@ -65,7 +66,7 @@ func TestVanishedInterfaceDropsSockets(t *testing.T) {
 	for _, fb := range []string{"auto", "tap"} {
 		t.Run(fb, func(t *testing.T) {
 			t.Parallel()
-			l := newLab(t, Config{Fallback: fb})
+			l := newLab(t, config.Config{Fallback: fb})
 			c := helloClient(t, l)
 			bound := openSocket(t, c, unix.AF_INET)
 			if _, err := c.bind(bound, netip.AddrPortFrom(l.p.A.Addr4(), 0), false); err != nil {

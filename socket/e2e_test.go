@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/netlab"
@@ -81,7 +82,7 @@ func newLab(t *testing.T, path string) *lab {
 	t.Helper()
 	// Static neighbours: what is tested here is the shim, not ARP.
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	cfg := daemon.Config{
+	cfg := config.Config{
 		RXPoll:     20 * time.Microsecond,
 		EnginePoll: 20 * time.Microsecond,
 		Frames:     4096,

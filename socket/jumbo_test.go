@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/netlab"
 )
@@ -22,7 +22,7 @@ func TestJumboEndToEnd(t *testing.T) {
 	t.Parallel()
 	p := netlab.NewPair(t, netlab.Options{MTU: 9000, StaticNeigh: true})
 	// No frame-size option; queues large enough for 65000-byte datagrams.
-	srv := daemontest.Start(t, p, daemon.Config{QueueBytes: 256 << 10}, nil)
+	srv := daemontest.Start(t, p, config.Config{QueueBytes: 256 << 10}, nil)
 	r := srv.Rings()[0]
 	if caps := r.Caps(); r.MTU() != 9000 || !caps.MultiBuffer {
 		t.Fatalf("ring on a 9000-MTU interface: MTU %d, caps %+v; want multi-buffer", r.MTU(), caps)

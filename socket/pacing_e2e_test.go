@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/arrivals"
 	"github.com/bypassd/bypassd/internal/netlab"
@@ -29,7 +29,7 @@ func TestE2EPacing(t *testing.T) {
 	// The engine at real-time priority, as a deployment that needs exact
 	// pacing on a shared machine runs it (--engine-priority).
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	srv := daemontest.Start(t, p, daemon.Config{EnginePriority: 10, Frames: 4096}, nil)
+	srv := daemontest.Start(t, p, config.Config{EnginePriority: 10, Frames: 4096}, nil)
 	l := &lab{p: p, d: srv.Daemon, dir: srv.Dir, path: srv.SocketPath()}
 	c := l.client(t)
 	const size = 1400

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/ring/tcpstack"
@@ -217,8 +217,8 @@ func TestTCPRefusedAndReset(t *testing.T) {
 
 // daemonConfigForTCP is the daemon of the TCP tests: AF_XDP only (TCP
 // does not use the TAP path), short spins, 256 KiB queues.
-func daemonConfigForTCP() daemon.Config {
-	return daemon.Config{RXPoll: 20 * time.Microsecond, EnginePoll: 20 * time.Microsecond, Frames: 4096,
+func daemonConfigForTCP() config.Config {
+	return config.Config{RXPoll: 20 * time.Microsecond, EnginePoll: 20 * time.Microsecond, Frames: 4096,
 		QueueBytes: 256 << 10, Fallback: "none"}
 }
 

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/socket"
 )
@@ -51,7 +52,7 @@ func run(dur time.Duration, size, bulk int, poll time.Duration) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	cfg := daemon.Config{Interfaces: []daemon.Interface{{Name: p.A.Name}}, SocketPath: filepath.Join(dir, "bypassd.sock"),
+	cfg := config.Config{Interfaces: []config.Interface{{Name: p.A.Name}}, SocketPath: filepath.Join(dir, "bypassd.sock"),
 		RunDir: dir, StatsDir: filepath.Join(dir, "stats"), RXPoll: poll, EnginePoll: poll, Fallback: "none"}
 	var d *daemon.Daemon
 	if err := p.A.NS.Do(func() error { d, err = daemon.New(cfg, zap.NewNop()); return err }); err != nil {

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/socket"
 )
 
@@ -33,8 +34,8 @@ func (b *bench) openShim(cpu int) (*shimLab, error) {
 		return nil, err
 	}
 	s := &shimLab{dir: dir, served: make(chan error, 1)}
-	cfg := daemon.Config{
-		Interfaces: []daemon.Interface{{Name: b.p.A.Name}},
+	cfg := config.Config{
+		Interfaces: []config.Interface{{Name: b.p.A.Name}},
 		SocketPath: filepath.Join(dir, "bypassd.sock"),
 		RunDir:     dir,
 		StatsDir:   filepath.Join(dir, "stats"),

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/netlab"
 )
@@ -30,7 +30,7 @@ func newShimLab(t *testing.T) *shimLab {
 	// Static neighbour entries: a benchmark lab needs no ARP, and the
 	// ring's next-hop resolution is not what these tests are about.
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	srv := daemontest.Start(t, p, daemon.Config{
+	srv := daemontest.Start(t, p, config.Config{
 		QueueBytes: 256 << 10,
 		// Clients spin a little before sleeping, as a latency set-up would.
 		RXPoll: 50 * time.Microsecond,

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/socket"
@@ -53,7 +54,7 @@ func newLab(t *testing.T) *lab {
 	t.Helper()
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
 	level := zap.NewAtomicLevelAt(zap.InfoLevel)
-	srv := daemontest.Start(t, p, daemon.Config{
+	srv := daemontest.Start(t, p, config.Config{
 		QueueBytes:    256 << 10,
 		StatsInterval: 10 * time.Millisecond,
 		// Room for every frame TestViewsMatchTraffic sends at once, so

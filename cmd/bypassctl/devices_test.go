@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/netlab"
@@ -47,7 +47,7 @@ func TestPrintDevicesRDMA(t *testing.T) {
 
 func TestDevicesAgainstDaemon(t *testing.T) {
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	srv := daemontest.Start(t, p, daemon.Config{}, nil)
+	srv := daemontest.Start(t, p, config.Config{}, nil)
 	out := mustCtl(t, srv.SocketPath(), "devices")
 	t.Logf("bypassctl devices:\n%s", out)
 	for _, want := range []string{p.A.Name, "afxdp", "software (the ring engine's scheduler)", "veth", "no PHC", "no RDMA device"} {

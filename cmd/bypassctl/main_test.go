@@ -10,7 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/netlab"
@@ -37,7 +37,7 @@ func mustCtl(t *testing.T, sock string, args ...string) string {
 func TestCommandsAgainstDaemon(t *testing.T) {
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
 	level := zap.NewAtomicLevelAt(zap.InfoLevel)
-	srv := daemontest.Start(t, p, daemon.Config{LogLevel: &level}, nil)
+	srv := daemontest.Start(t, p, config.Config{LogLevel: &level}, nil)
 	sock := srv.SocketPath()
 
 	c, err := socket.Dial(sock)
@@ -104,7 +104,7 @@ func TestCommandsAgainstDaemon(t *testing.T) {
 
 func TestErrors(t *testing.T) {
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	srv := daemontest.Start(t, p, daemon.Config{}, nil)
+	srv := daemontest.Start(t, p, config.Config{}, nil)
 	sock := srv.SocketPath()
 	cases := []struct {
 		args []string

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/netlab"
@@ -55,7 +55,7 @@ func TestQoSAgainstDaemon(t *testing.T) {
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
 	file := filepath.Join(t.TempDir(), "qos.json")
 	tc := uint8(96)
-	srv := daemontest.Start(t, p, daemon.Config{QoSPath: file, TrafficClass: &tc}, nil)
+	srv := daemontest.Start(t, p, config.Config{QoSPath: file, TrafficClass: &tc}, nil)
 	sock, ifn := srv.SocketPath(), p.A.Name
 	out := mustCtl(t, sock, "qos", "-i", ifn)
 	for _, want := range []string{"Interface: " + ifn + " (1 ring)", "tc: 0 ratelimit: unlimited, tsa: ets, bw: 13%\n\t up: 1\n",
@@ -73,7 +73,7 @@ func TestQoSAgainstDaemon(t *testing.T) {
 			t.Errorf("after setting: no %q in:\n%s", want, out)
 		}
 	}
-	saved, err := daemon.LoadQoSFile(file)
+	saved, err := config.LoadQoSFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestQoSAgainstDaemon(t *testing.T) {
 	if _, err := ctl(t, sock, "qos", "-i", "nosuch0"); err == nil || !strings.Contains(err.Error(), "does not serve interface") {
 		t.Errorf("unknown interface: %v", err)
 	}
-	if again, _ := daemon.LoadQoSFile(file); again.Interfaces[ifn] != got {
+	if again, _ := config.LoadQoSFile(file); again.Interfaces[ifn] != got {
 		t.Errorf("a refused change reached the QoS file")
 	}
 }

@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/netlab"
@@ -90,7 +90,7 @@ func users(td ctldoc.RateTableDoc) map[uint32]int {
 func TestRatesRefuse(t *testing.T) {
 	t.Parallel()
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	srv := daemontest.Start(t, p, daemon.Config{Pacing: pacing.TableConfig{Capacity: 2}}, nil)
+	srv := daemontest.Start(t, p, config.Config{Pacing: pacing.TableConfig{Capacity: 2}}, nil)
 	sock := srv.SocketPath()
 	c, err := socket.Dial(sock)
 	if err != nil {
@@ -196,7 +196,7 @@ func TestRatesRefuse(t *testing.T) {
 func TestRatesNearest(t *testing.T) {
 	t.Parallel()
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	srv := daemontest.Start(t, p, daemon.Config{Pacing: pacing.TableConfig{Capacity: 2, Policy: pacing.Nearest}}, nil)
+	srv := daemontest.Start(t, p, config.Config{Pacing: pacing.TableConfig{Capacity: 2, Policy: pacing.Nearest}}, nil)
 	sock := srv.SocketPath()
 	c, err := socket.Dial(sock)
 	if err != nil {

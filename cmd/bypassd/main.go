@@ -4,8 +4,8 @@
 // the binary installed at the same path to take over (live upgrade).
 //
 // This file wires flags, logging and signals to package daemon, which owns
-// everything else; options.go owns the flag, environment and config-file
-// handling. docs/configuration.md lists every setting.
+// everything else; package daemon/config owns the flag, environment and
+// config-file handling. docs/configuration.md lists every setting.
 package main
 
 import (
@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/buildinfo"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/stats"
@@ -36,23 +37,23 @@ func main() {
 // status: 0 after a clean stop, 1 when the daemon fails, 2 for a usage
 // error.
 func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	o, err := parseOptions(args, getenv)
+	o, err := config.Parse(args, getenv)
 	if errors.Is(err, flag.ErrHelp) {
-		printUsage(stdout)
+		config.PrintUsage(stdout)
 		return 0
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "bypassd: %v\nRun `bypassd --help` for the options.\n", err)
 		return 2
 	}
-	if o.version {
+	if o.ShowVersion {
 		fmt.Fprintln(stdout, versionString())
 		return 0
 	}
-	level := zap.NewAtomicLevelAt(o.logLevel)
-	o.cfg.LogLevel = &level
-	o.cfg.Version = buildinfo.Version()
-	log := newLogger(o.logFormat, level, stderr)
+	level := zap.NewAtomicLevelAt(o.LogLevel)
+	o.Config.LogLevel = &level
+	o.Config.Version = buildinfo.Version()
+	log := newLogger(o.LogFormat, level, stderr)
 	defer func() { _ = log.Sync() }()
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -92,10 +93,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 
 	log.Info("bypassd starting", zap.String("version", versionString()), zap.Int("pid", os.Getpid()))
 	var d *daemon.Daemon
-	if o.takeover {
-		d, err = daemon.Takeover(o.cfg, daemon.TakeoverOptions{}, log)
+	if o.Takeover {
+		d, err = daemon.Takeover(o.Config, daemon.TakeoverOptions{}, log)
 	} else {
-		d, err = daemon.New(o.cfg, log)
+		d, err = daemon.New(o.Config, log)
 	}
 	if err != nil {
 		log.Error("cannot start", zap.Error(err))

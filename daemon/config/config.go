@@ -1,4 +1,4 @@
-package daemon
+package config
 
 import (
 	"errors"
@@ -53,6 +53,10 @@ const (
 // kernel refuses a queue the interface does not have.
 const maxQueueID = 1<<16 - 1
 
+// AllQueues as Interface.Count: every receive queue the interface has
+// (limited by Config.Queues).
+const AllQueues = -1
+
 // Interface names queues of an interface to serve, a ring each.
 type Interface struct {
 	Name string
@@ -92,13 +96,13 @@ func ParseInterface(s string) (Interface, error) {
 		}
 		it.Queue, it.Count = first, last-first+1
 	}
-	if err := it.validate(); err != nil {
+	if err := it.Validate(); err != nil {
 		return Interface{}, err
 	}
 	return it, nil
 }
 
-func (i Interface) validate() error {
+func (i Interface) Validate() error {
 	switch {
 	case i.Name == "":
 		return errors.New("interface: empty name (use IFACE or IFACE:QUEUE, e.g. eth1:0)")
@@ -252,8 +256,8 @@ type Config struct {
 // DefaultStatsInterval is how often stats files are rewritten by default.
 const DefaultStatsInterval = 100 * time.Millisecond
 
-// withDefaults returns c with zero fields set to their defaults.
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
 	if c.SocketPath == "" {
 		c.SocketPath = ctlproto.DefaultPath
 	}
@@ -287,7 +291,7 @@ func (c Config) withDefaults() Config {
 	if c.Fallback == "" {
 		c.Fallback = ring.FallbackAuto.String()
 		if c.DevMemTX > 0 {
-			// Staging needs a fixed provider (see checkDevMem): asking
+			// Staging needs a fixed provider (see CheckDevMem): asking
 			// for device memory turns the default TAP path off.
 			c.Fallback = ring.FallbackNone.String()
 		}
@@ -317,25 +321,28 @@ func (c Config) withDefaults() Config {
 // Validate checks c (after applying defaults) and resolves SocketGroup.
 // Its errors say which setting is wrong and what is accepted.
 func (c Config) Validate() error {
-	_, err := c.resolve()
+	_, err := c.Resolve()
 	return err
 }
 
-// resolved is a validated Config with the socket group looked up.
-type resolved struct {
+// Resolved is a validated Config, defaults applied, with the socket group
+// looked up.
+type Resolved struct {
 	Config
-	socketGID int // -1: keep
+	SocketGID int // -1: keep
 }
 
-func (c Config) resolve() (resolved, error) {
-	c = c.withDefaults()
-	r := resolved{Config: c, socketGID: -1}
+// Resolve applies the defaults and checks every value and how values
+// combine; the first wrong setting is the error, saying what is accepted.
+func (c Config) Resolve() (Resolved, error) {
+	c = c.WithDefaults()
+	r := Resolved{Config: c, SocketGID: -1}
 	if len(c.Interfaces) == 0 {
 		return r, errors.New("no interface configured: give at least one with --interface IFACE[:QUEUE] (or BYPASSD_INTERFACES)")
 	}
 	seen := map[Interface]bool{}
 	for _, it := range c.Interfaces {
-		if err := it.validate(); err != nil {
+		if err := it.Validate(); err != nil {
 			return r, err
 		}
 		if seen[it] {
@@ -354,7 +361,7 @@ func (c Config) resolve() (resolved, error) {
 		if err != nil {
 			return r, err
 		}
-		r.socketGID = gid
+		r.SocketGID = gid
 	}
 	if err := checkPoll("rx poll", c.RXPoll); err != nil {
 		return r, err
@@ -362,13 +369,13 @@ func (c Config) resolve() (resolved, error) {
 	if err := checkPoll("engine poll", c.EnginePoll); err != nil {
 		return r, err
 	}
-	if err := checkQueueBytes(c.QueueBytes); err != nil {
+	if err := CheckQueueBytes(c.QueueBytes); err != nil {
 		return r, err
 	}
 	if c.MaxSockets < 1 {
 		return r, fmt.Errorf("max sockets %d: must be at least 1", c.MaxSockets)
 	}
-	if min := int64(socketMemory(c.QueueBytes)); c.MaxQueueMemory < min {
+	if min := int64(SocketMemory(c.QueueBytes)); c.MaxQueueMemory < min {
 		return r, fmt.Errorf("max queue memory %d bytes: too small for even one socket with %d-byte queues (needs %d)", c.MaxQueueMemory, c.QueueBytes, min)
 	}
 	if c.MaxFlows < 1 || c.MaxFlows > MaxFlowsLimit {
@@ -407,7 +414,7 @@ func (c Config) resolve() (resolved, error) {
 			return r, fmt.Errorf("CPU %d: not a CPU number", cpu)
 		}
 	}
-	if err := checkDevMem(c); err != nil {
+	if err := CheckDevMem(c); err != nil {
 		return r, err
 	}
 	if c.StatsInterval > 0 && c.StatsInterval < time.Millisecond {
@@ -440,20 +447,11 @@ func checkPoll(what string, d time.Duration) error {
 	return nil
 }
 
-func checkQueueBytes(n int) error {
+func CheckQueueBytes(n int) error {
 	if n < MinQueueBytes || n > MaxQueueBytes || n&(n-1) != 0 {
 		return fmt.Errorf("queue bytes %d: must be a power of two from %d (4 KiB) to %d (16 MiB)", n, MinQueueBytes, MaxQueueBytes)
 	}
 	return nil
-}
-
-// pollMicros converts a poll duration to the protocol's microseconds:
-// -1 spins forever.
-func pollMicros(d time.Duration) int32 {
-	if d < 0 {
-		return -1
-	}
-	return int32(d / time.Microsecond)
 }
 
 // LookupGroup resolves a group name or a numeric gid.
@@ -473,4 +471,37 @@ func LookupGroup(s string) (int, error) {
 		return 0, fmt.Errorf("socket group %q: gid %q is not numeric", s, g.Gid)
 	}
 	return gid, nil
+}
+
+// ParseCPUList reads a CPU list like "0,2-3" (the kernel's cpulist format).
+func ParseCPUList(v string) ([]int, error) {
+	var cpus []int
+	seen := map[int]bool{}
+	for _, part := range strings.Split(v, ",") {
+		part = strings.TrimSpace(part)
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		b := a
+		if err == nil && isRange {
+			b, err = strconv.Atoi(hi)
+		}
+		if err != nil || a < 0 || b < a || b >= 1<<16 {
+			return nil, fmt.Errorf("%q is not a CPU or range (want a list like 0,2-3)", part)
+		}
+		for c := a; c <= b; c++ {
+			if !seen[c] {
+				seen[c] = true
+				cpus = append(cpus, c)
+			}
+		}
+	}
+	return cpus, nil
+}
+
+// SocketMemory is the memfd size of a socket with the given queue size:
+// both queues, rounded up to whole pages.
+func SocketMemory(queueBytes int) int {
+	page := os.Getpagesize()
+	n := 2 * shmq.Size(queueBytes)
+	return (n + page - 1) / page * page
 }

@@ -1,4 +1,4 @@
-package daemon
+package config
 
 import (
 	"fmt"
@@ -10,10 +10,10 @@ import (
 // maxDevMemInline bounds the inline threshold: no frame is larger.
 const maxDevMemInline = math.MaxUint16
 
-// checkDevMem refuses a staging configuration the devices cannot hold: the
+// CheckDevMem refuses a staging configuration the devices cannot hold: the
 // rings of one interface share its device memory, so their DevMemTX must
 // add up to at most DevMemMax. c has its defaults applied.
-func checkDevMem(c Config) error {
+func CheckDevMem(c Config) error {
 	switch {
 	case c.DevMemTX < 0:
 		return fmt.Errorf("dev mem tx %d bytes: must be 0 (off) or positive", c.DevMemTX)

@@ -1,4 +1,4 @@
-package daemon
+package config
 
 import (
 	"strings"
@@ -7,7 +7,7 @@ import (
 
 func TestDevMemConfig(t *testing.T) {
 	two := []Interface{{Name: "eth1"}, {Name: "eth1", Queue: 1}, {Name: "eth2"}}
-	c := Config{Interfaces: two, DevMemTX: 100}.withDefaults()
+	c := Config{Interfaces: two, DevMemTX: 100}.WithDefaults()
 	if c.DevMemTX != 128 || c.DevMemMax != DefaultDevMemMax {
 		t.Fatalf("defaults: tx %d (want 128: rounded up to 64), max %d", c.DevMemTX, c.DevMemMax)
 	}
@@ -23,10 +23,10 @@ func TestDevMemConfig(t *testing.T) {
 	}
 	// Staging needs a fixed provider: no TAP path unless asked for, and
 	// asking for one is refused with what to change.
-	if c := (Config{Interfaces: two, DevMemTX: 64}).withDefaults(); c.Fallback != "none" {
+	if c := (Config{Interfaces: two, DevMemTX: 64}).WithDefaults(); c.Fallback != "none" {
 		t.Fatalf("fallback with device memory: %q, want none", c.Fallback)
 	}
-	if c := (Config{Interfaces: two}).withDefaults(); c.Fallback != "auto" {
+	if c := (Config{Interfaces: two}).WithDefaults(); c.Fallback != "auto" {
 		t.Fatalf("fallback without device memory: %q, want auto", c.Fallback)
 	}
 	err = Config{Interfaces: two, DevMemTX: 64, Fallback: "auto"}.Validate()

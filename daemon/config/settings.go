@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"bufio"
@@ -16,7 +16,6 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/bypassd/bypassd/bpf"
-	"github.com/bypassd/bypassd/daemon"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/clock/tsconv"
@@ -27,15 +26,16 @@ import (
 // loopback only, so nothing is exposed by default.
 const defaultMetricsAddr = "127.0.0.1:9465"
 
-// options is everything the command line, the environment and the config
-// file decided.
-type options struct {
-	cfg       daemon.Config
-	logLevel  zapcore.Level
-	logFormat string
-	version   bool
-	// takeover: replace the daemon running on the socket (live upgrade).
-	takeover bool
+// Options is everything the command line, the environment and the config
+// file decided: the daemon's Config and what only the command uses.
+type Options struct {
+	Config    Config
+	LogLevel  zapcore.Level
+	LogFormat string
+	// ShowVersion: print the version and exit (--version).
+	ShowVersion bool
+	// Takeover: replace the daemon running on the socket (live upgrade).
+	Takeover bool
 }
 
 // setting is one option: a long flag (also its config-file key), maybe a
@@ -48,7 +48,7 @@ type setting struct {
 	// multi settings may be given several times (values accumulate); in
 	// the environment and the config file they are comma-separated.
 	multi bool
-	apply func(o *options, v string) error
+	apply func(o *Options, v string) error
 }
 
 // envName derives a setting's environment variable (VMA habit: one
@@ -60,20 +60,20 @@ func envName(flag string) string {
 var settings = []setting{
 	{name: "interface", short: "i", env: "BYPASSD_INTERFACES", arg: "IFACE[:Q[-Q]]", def: "(required)", multi: true,
 		usage: "interface to accelerate, a ring per receive queue (IFACE: every queue, IFACE:2 one, IFACE:0-3 a range); repeat for more (env: comma-separated)",
-		apply: func(o *options, v string) error {
-			it, err := daemon.ParseInterface(v)
+		apply: func(o *Options, v string) error {
+			it, err := ParseInterface(v)
 			if err != nil {
 				return err
 			}
-			o.cfg.Interfaces = append(o.cfg.Interfaces, it)
+			o.Config.Interfaces = append(o.Config.Interfaces, it)
 			return nil
 		}},
 	{name: "socket", arg: "PATH", def: ctlproto.DefaultPath,
 		usage: "control socket clients connect to",
-		apply: func(o *options, v string) error { o.cfg.SocketPath = v; return nil }},
+		apply: func(o *Options, v string) error { o.Config.SocketPath = v; return nil }},
 	{name: "socket-mode", arg: "MODE", def: "0660",
 		usage: "permission bits of the control socket (octal)",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			m, err := strconv.ParseUint(v, 8, 32)
 			if err != nil || m > 0o777 {
 				return fmt.Errorf("%q is not an octal mode 0..0777 (e.g. 0660)", v)
@@ -81,27 +81,27 @@ var settings = []setting{
 			if m == 0 {
 				return errors.New("mode 0 would lock everybody out (use e.g. 0600)")
 			}
-			o.cfg.SocketMode = os.FileMode(m)
+			o.Config.SocketMode = os.FileMode(m)
 			return nil
 		}},
 	{name: "socket-group", arg: "NAME|GID", def: "(the daemon's group)",
 		usage: "group of the control socket: its members may use bypassd",
-		apply: func(o *options, v string) error { o.cfg.SocketGroup = v; return nil }},
-	{name: "stats-dir", arg: "DIR", def: daemon.DefaultStatsDir,
+		apply: func(o *Options, v string) error { o.Config.SocketGroup = v; return nil }},
+	{name: "stats-dir", arg: "DIR", def: DefaultStatsDir,
 		usage: "directory of per-process stats files",
-		apply: func(o *options, v string) error { o.cfg.StatsDir = v; return nil }},
-	{name: "run-dir", arg: "DIR", def: daemon.DefaultRunDir,
+		apply: func(o *Options, v string) error { o.Config.StatsDir = v; return nil }},
+	{name: "run-dir", arg: "DIR", def: DefaultRunDir,
 		usage: "directory of the per-interface lock files",
-		apply: func(o *options, v string) error { o.cfg.RunDir = v; return nil }},
+		apply: func(o *Options, v string) error { o.Config.RunDir = v; return nil }},
 	{name: "rx-poll", arg: "µs", def: "0",
 		usage: "how long clients spin on an empty queue before sleeping (-1: forever, 0: never)",
-		apply: func(o *options, v string) (err error) { o.cfg.RXPoll, err = parsePoll(v); return err }},
+		apply: func(o *Options, v string) (err error) { o.Config.RXPoll, err = parsePoll(v); return err }},
 	{name: "engine-poll", arg: "µs", def: "0",
 		usage: "how long an idle ring engine spins before sleeping (-1: forever, 0: never)",
-		apply: func(o *options, v string) (err error) { o.cfg.EnginePoll, err = parsePoll(v); return err }},
+		apply: func(o *Options, v string) (err error) { o.Config.EnginePoll, err = parsePoll(v); return err }},
 	{name: "queue-bytes", arg: "SIZE", def: "1M",
 		usage: "default size of each socket queue, per direction (power of two, 4K..16M)",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			n, err := parseSize(v)
 			if err != nil {
 				return err
@@ -109,135 +109,135 @@ var settings = []setting{
 			if n > math.MaxInt32 {
 				return fmt.Errorf("%s is too large", v)
 			}
-			o.cfg.QueueBytes = int(n)
+			o.Config.QueueBytes = int(n)
 			return nil
 		}},
-	{name: "max-sockets", arg: "N", def: strconv.Itoa(daemon.DefaultMaxSockets),
+	{name: "max-sockets", arg: "N", def: strconv.Itoa(DefaultMaxSockets),
 		usage: "most sockets one client connection may open",
-		apply: func(o *options, v string) (err error) { o.cfg.MaxSockets, err = parseCount(v); return err }},
+		apply: func(o *Options, v string) (err error) { o.Config.MaxSockets, err = parseCount(v); return err }},
 	{name: "max-queue-memory", arg: "SIZE", def: "256M",
 		usage: "most queue memory one client connection may use",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			n, err := parseSize(v)
-			o.cfg.MaxQueueMemory = n
+			o.Config.MaxQueueMemory = n
 			return err
 		}},
-	{name: "max-flows", arg: "N", def: strconv.Itoa(daemon.DefaultMaxFlows),
+	{name: "max-flows", arg: "N", def: strconv.Itoa(DefaultMaxFlows),
 		usage: "capacity of each interface's flow steering map (binds beyond it fail with ENOSPC)",
-		apply: func(o *options, v string) (err error) { o.cfg.MaxFlows, err = parseCount(v); return err }},
-	{name: "frames", arg: "N", def: strconv.Itoa(daemon.DefaultFrames),
+		apply: func(o *Options, v string) (err error) { o.Config.MaxFlows, err = parseCount(v); return err }},
+	{name: "frames", arg: "N", def: strconv.Itoa(DefaultFrames),
 		usage: "UMEM frames per ring (power of two, at least 64)",
-		apply: func(o *options, v string) (err error) { o.cfg.Frames, err = parseCount(v); return err }},
+		apply: func(o *Options, v string) (err error) { o.Config.Frames, err = parseCount(v); return err }},
 	{name: "frame-size", arg: "BYTES", def: "auto",
 		usage: "ring buffer size: 2048 or 4096 (auto: 2048 up to MTU 1774, else 4096; MTUs over 3822 use multi-buffer chains)",
-		apply: func(o *options, v string) (err error) {
+		apply: func(o *Options, v string) (err error) {
 			if v == "auto" {
-				o.cfg.FrameSize = 0
+				o.Config.FrameSize = 0
 				return nil
 			}
-			o.cfg.FrameSize, err = strconv.Atoi(v)
-			if err == nil && o.cfg.FrameSize != 2048 && o.cfg.FrameSize != 4096 {
+			o.Config.FrameSize, err = strconv.Atoi(v)
+			if err == nil && o.Config.FrameSize != 2048 && o.Config.FrameSize != 4096 {
 				err = fmt.Errorf("%s: use 2048, 4096 or auto", v)
 			}
 			return err
 		}},
-	{name: "provider", arg: "NAME", def: daemon.ProviderAuto,
+	{name: "provider", arg: "NAME", def: ProviderAuto,
 		usage: "ring provider: auto (verbs on an RDMA port when built with -tags verbs, else afxdp), afxdp, verbs or tap",
-		apply: func(o *options, v string) error { o.cfg.Provider = v; return nil }},
+		apply: func(o *Options, v string) error { o.Config.Provider = v; return nil }},
 	{name: "tcp-congestion", arg: "ALGO", def: "reno",
 		usage: "TCP congestion control of the rings' TCP stacks: reno or cubic",
-		apply: func(o *options, v string) error { o.cfg.TCPCongestion = v; return nil }},
+		apply: func(o *Options, v string) error { o.Config.TCPCongestion = v; return nil }},
 	{name: "fallback", arg: "MODE", def: "auto",
 		usage: "when a ring's fast path is unavailable or lost: auto (TAP path until it returns), tap (TAP path only) or none",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			_, err := ring.ParseFallback(v)
-			o.cfg.Fallback = v
+			o.Config.Fallback = v
 			return err
 		}},
 	{name: "xdp-mode", arg: "MODE", def: "auto",
 		usage: "XDP attach mode: auto (native, else generic), native or generic",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			m, ok := map[string]bpf.AttachMode{"auto": bpf.ModeAuto, "native": bpf.ModeNative, "generic": bpf.ModeGeneric}[v]
 			if !ok {
 				return fmt.Errorf("%q: want auto, native or generic", v)
 			}
-			o.cfg.XDPMode = m
+			o.Config.XDPMode = m
 			return nil
 		}},
 	{name: "hw-ts-conversion", arg: "MODE", def: "3",
 		usage: "hardware timestamp conversion: 0 disable, 1 raw, 2 best, 3 sync to system, 4 ptp (lowered to what every interface supports)",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			m, err := tsconv.ParseMode(v)
-			o.cfg.HWTSConversion = &m
+			o.Config.HWTSConversion = &m
 			return err
 		}},
 	{name: "queues", arg: "N", def: "0 (every queue)",
 		usage: "serve at most the first N receive queues of an interface given without queues",
-		apply: func(o *options, v string) (err error) { o.cfg.Queues, err = parseCount(v); return err }},
+		apply: func(o *Options, v string) (err error) { o.Config.Queues, err = parseCount(v); return err }},
 	{name: "cpus", arg: "LIST", def: "(each queue's IRQ CPUs, else spread; one ring: no pinning)",
 		usage: "CPUs the ring engine threads run on, the k-th ring on the k-th CPU (wrapping), e.g. 2,3 or 2-5",
-		apply: func(o *options, v string) (err error) { o.cfg.CPUs, err = daemon.ParseCPUList(v); return err }},
+		apply: func(o *Options, v string) (err error) { o.Config.CPUs, err = ParseCPUList(v); return err }},
 	{name: "dev-mem-tx", env: "BYPASSD_RING_DEV_MEM_TX", arg: "SIZE", def: "0 (off)",
 		usage: "device memory each ring stages egress frames in (rounded up to 64 bytes; 0: off)",
-		apply: func(o *options, v string) (err error) { o.cfg.DevMemTX, err = parseDevMem(v); return err }},
+		apply: func(o *Options, v string) (err error) { o.Config.DevMemTX, err = parseDevMem(v); return err }},
 	{name: "dev-mem-max", arg: "SIZE", def: "256K",
 		usage: "device memory one interface has: --dev-mem-tx times its rings must fit",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			n, err := parseSize(v)
 			if err == nil && n > math.MaxInt32 {
 				err = fmt.Errorf("%s is too large", v)
 			}
-			o.cfg.DevMemMax = int(n)
+			o.Config.DevMemMax = int(n)
 			return err
 		}},
 	{name: "dev-mem-inline", arg: "BYTES", def: "204",
 		usage: "frames of at most this many bytes are never staged (0: stage every frame)",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 || n > math.MaxUint16 {
 				return fmt.Errorf("want a byte count from 0 to %d", math.MaxUint16)
 			}
-			o.cfg.DevMemInline = n
+			o.Config.DevMemInline = n
 			if n == 0 {
-				o.cfg.DevMemInline = -1 // the daemon's "0": every frame is a candidate
+				o.Config.DevMemInline = -1 // the daemon's "0": every frame is a candidate
 			}
 			return nil
 		}},
 	{name: "qos-file", arg: "PATH", def: "(none: defaults)",
 		usage: "JSON file with the traffic-class state of interfaces (tsa, tcbw, ratelimit, prio_tc, trust, ...; see docs/configuration.md); bypassctl qos changes are saved to it",
-		apply: func(o *options, v string) (err error) {
-			o.cfg.QoSPath = v
-			o.cfg.QoS, err = daemon.LoadQoSFile(v)
+		apply: func(o *Options, v string) (err error) {
+			o.Config.QoSPath = v
+			o.Config.QoS, err = LoadQoSFile(v)
 			return err
 		}},
 	{name: "traffic-class", arg: "TOS", def: "-1 (off)",
 		usage: "force this ToS byte (DSCP × 4 + ECN, 0..255) on every datagram sent, whatever its socket asked; -1: off",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			n, err := strconv.Atoi(v)
 			switch {
 			case err != nil || n < -1 || n > 255:
 				return fmt.Errorf("%q: want a ToS byte 0..255 (DSCP × 4, e.g. 96 for DSCP 24) or -1 for off", v)
 			case n == -1:
-				o.cfg.TrafficClass = nil
+				o.Config.TrafficClass = nil
 			default:
 				tc := uint8(n)
-				o.cfg.TrafficClass = &tc
+				o.Config.TrafficClass = &tc
 			}
 			return nil
 		}},
 	{name: "ttl", arg: "N", def: "0 (off)",
 		usage: "force this TTL / hop limit (1..255) on every unicast datagram sent; 0: off",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 || n > 255 {
 				return fmt.Errorf("%q: want a TTL 1..255, or 0 for off", v)
 			}
-			o.cfg.TTL = uint8(n)
+			o.Config.TTL = uint8(n)
 			return nil
 		}},
 	{name: "stats-interval", arg: "DURATION", def: "100ms",
 		usage: "how often the stats files bypass-stats reads are rewritten (0: no stats files)",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			d, err := time.ParseDuration(v)
 			if err != nil && v == "0" {
 				d, err = 0, nil
@@ -246,43 +246,43 @@ var settings = []setting{
 			case err != nil || d < 0:
 				return fmt.Errorf("want a duration such as 100ms or 1s (0: no stats files)")
 			case d == 0:
-				o.cfg.StatsInterval = -1
+				o.Config.StatsInterval = -1
 			case d < time.Millisecond:
 				return fmt.Errorf("at least 1ms")
 			default:
-				o.cfg.StatsInterval = d
+				o.Config.StatsInterval = d
 			}
 			return nil
 		}},
 	{name: "metrics-addr", arg: "HOST:PORT", def: defaultMetricsAddr,
 		usage: "where Prometheus scrapes /metrics (empty or off: not served)",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			if v == "off" {
 				v = ""
 			}
-			o.cfg.MetricsAddr = v
+			o.Config.MetricsAddr = v
 			return nil
 		}},
 	{name: "metrics-max-clients", arg: "N", def: strconv.Itoa(stats.DefaultMaxClients),
 		usage: "client processes with metrics series of their own; the rest are summed as pid=\"other\"",
-		apply: func(o *options, v string) (err error) { o.cfg.MetricsMaxClients, err = parseCount(v); return err }},
+		apply: func(o *Options, v string) (err error) { o.Config.MetricsMaxClients, err = parseCount(v); return err }},
 	{name: "log-level", arg: "LEVEL", def: "info",
 		usage: "debug, info, warn or error",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			switch v {
 			case "debug", "info", "warn", "error":
 			default:
 				return fmt.Errorf("%q: want debug, info, warn or error", v)
 			}
-			return o.logLevel.Set(v)
+			return o.LogLevel.Set(v)
 		}},
 	{name: "log-format", arg: "FORMAT", def: "json",
 		usage: "json or console",
-		apply: func(o *options, v string) error {
+		apply: func(o *Options, v string) error {
 			if v != "json" && v != "console" {
 				return fmt.Errorf("%q: want json or console", v)
 			}
-			o.logFormat = v
+			o.LogFormat = v
 			return nil
 		}},
 }
@@ -309,11 +309,11 @@ type value struct {
 	v, from string
 }
 
-// parseOptions combines the sources with precedence flag > environment >
+// Parse combines the sources with precedence flag > environment >
 // config file > default. It returns flag.ErrHelp for --help.
-func parseOptions(args []string, getenv func(string) string) (*options, error) {
-	o := &options{logLevel: zapcore.InfoLevel, logFormat: "json"}
-	o.cfg.MetricsAddr = defaultMetricsAddr
+func Parse(args []string, getenv func(string) string) (*Options, error) {
+	o := &Options{LogLevel: zapcore.InfoLevel, LogFormat: "json"}
+	o.Config.MetricsAddr = defaultMetricsAddr
 	fs := flag.NewFlagSet("bypassd", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
@@ -333,8 +333,8 @@ func parseOptions(args []string, getenv func(string) string) (*options, error) {
 		}
 	}
 	configPath := fs.String("config", "", "")
-	fs.BoolVar(&o.version, "version", false, "")
-	fs.BoolVar(&o.takeover, "takeover", false, "")
+	fs.BoolVar(&o.ShowVersion, "version", false, "")
+	fs.BoolVar(&o.Takeover, "takeover", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -351,7 +351,7 @@ func parseOptions(args []string, getenv func(string) string) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, usagef("unexpected argument %q (options start with --)", fs.Arg(0))
 	}
-	if o.version {
+	if o.ShowVersion {
 		return o, nil
 	}
 	path := *configPath
@@ -383,7 +383,7 @@ func parseOptions(args []string, getenv func(string) string) (*options, error) {
 			}
 		}
 	}
-	if err := o.cfg.Validate(); err != nil {
+	if err := o.Config.Validate(); err != nil {
 		return nil, usageError{err}
 	}
 	return o, nil
@@ -494,8 +494,8 @@ func parseDevMem(v string) (int, error) {
 	return int(n), nil
 }
 
-// printUsage writes --help.
-func printUsage(w io.Writer) {
+// PrintUsage writes --help.
+func PrintUsage(w io.Writer) {
 	fmt.Fprint(w, `Usage: bypassd --interface IFACE[:Q[-Q]] [options]
 
 bypassd owns an AF_XDP ring on every receive queue of the given interfaces

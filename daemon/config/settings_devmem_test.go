@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"strings"
@@ -6,22 +6,22 @@ import (
 )
 
 func TestDevMemOptions(t *testing.T) {
-	o, err := parseOptions([]string{"-i", "eth1"}, env(nil))
-	if err != nil || o.cfg.DevMemTX != 0 || o.cfg.DevMemMax != 0 || o.cfg.DevMemInline != 0 {
-		t.Fatalf("defaults: tx %d max %d inline %d, %v", o.cfg.DevMemTX, o.cfg.DevMemMax, o.cfg.DevMemInline, err)
+	o, err := Parse([]string{"-i", "eth1"}, env(nil))
+	if err != nil || o.Config.DevMemTX != 0 || o.Config.DevMemMax != 0 || o.Config.DevMemInline != 0 {
+		t.Fatalf("defaults: tx %d max %d inline %d, %v", o.Config.DevMemTX, o.Config.DevMemMax, o.Config.DevMemInline, err)
 	}
-	o, err = parseOptions([]string{"-i", "eth1", "--dev-mem-tx", "64K", "--dev-mem-max", "1M", "--dev-mem-inline", "0"}, env(nil))
-	if err != nil || o.cfg.DevMemTX != 64<<10 || o.cfg.DevMemMax != 1<<20 || o.cfg.DevMemInline != -1 {
-		t.Fatalf("flags: tx %d max %d inline %d, %v", o.cfg.DevMemTX, o.cfg.DevMemMax, o.cfg.DevMemInline, err)
+	o, err = Parse([]string{"-i", "eth1", "--dev-mem-tx", "64K", "--dev-mem-max", "1M", "--dev-mem-inline", "0"}, env(nil))
+	if err != nil || o.Config.DevMemTX != 64<<10 || o.Config.DevMemMax != 1<<20 || o.Config.DevMemInline != -1 {
+		t.Fatalf("flags: tx %d max %d inline %d, %v", o.Config.DevMemTX, o.Config.DevMemMax, o.Config.DevMemInline, err)
 	}
 	// The VMA-style variable, and a config file.
-	o, err = parseOptions([]string{"-i", "eth1"}, env(map[string]string{"BYPASSD_RING_DEV_MEM_TX": "1000", "BYPASSD_DEV_MEM_INLINE": "300"}))
-	if err != nil || o.cfg.DevMemTX != 1000 || o.cfg.DevMemInline != 300 {
-		t.Fatalf("environment: tx %d inline %d, %v", o.cfg.DevMemTX, o.cfg.DevMemInline, err)
+	o, err = Parse([]string{"-i", "eth1"}, env(map[string]string{"BYPASSD_RING_DEV_MEM_TX": "1000", "BYPASSD_DEV_MEM_INLINE": "300"}))
+	if err != nil || o.Config.DevMemTX != 1000 || o.Config.DevMemInline != 300 {
+		t.Fatalf("environment: tx %d inline %d, %v", o.Config.DevMemTX, o.Config.DevMemInline, err)
 	}
-	o, err = parseOptions([]string{"--config", writeConfig(t, "interface = eth1\ndev-mem-tx = 0\ndev-mem-max = 512K\n")}, env(nil))
-	if err != nil || o.cfg.DevMemTX != 0 || o.cfg.DevMemMax != 512<<10 {
-		t.Fatalf("config file: tx %d max %d, %v", o.cfg.DevMemTX, o.cfg.DevMemMax, err)
+	o, err = Parse([]string{"--config", writeConfig(t, "interface = eth1\ndev-mem-tx = 0\ndev-mem-max = 512K\n")}, env(nil))
+	if err != nil || o.Config.DevMemTX != 0 || o.Config.DevMemMax != 512<<10 {
+		t.Fatalf("config file: tx %d max %d, %v", o.Config.DevMemTX, o.Config.DevMemMax, err)
 	}
 	for _, tc := range []struct {
 		args []string
@@ -34,13 +34,13 @@ func TestDevMemOptions(t *testing.T) {
 		// the message says what to change.
 		{[]string{"-i", "eth1:1", "--dev-mem-tx", "200K"}, "--dev-mem-tx to at most 131072"},
 	} {
-		_, err := parseOptions(append([]string{"-i", "eth1"}, tc.args...), env(nil))
+		_, err := Parse(append([]string{"-i", "eth1"}, tc.args...), env(nil))
 		if err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("%v: %v, want an error containing %q", tc.args, err, tc.err)
 		}
 	}
 	// One ring per interface may take the whole cap.
-	if _, err := parseOptions([]string{"-i", "eth1", "-i", "eth2", "--dev-mem-tx", "256K"}, env(nil)); err != nil {
+	if _, err := Parse([]string{"-i", "eth1", "-i", "eth2", "--dev-mem-tx", "256K"}, env(nil)); err != nil {
 		t.Errorf("256 KiB on each of two interfaces: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"fmt"
@@ -8,35 +8,35 @@ import (
 )
 
 // Packet pacing settings: the engine thread's scheduling and each
-// interface's rate table (daemon.Config.Pacing).
+// interface's rate table (Config.Pacing).
 func init() {
 	settings = append(settings,
 		setting{name: "engine-priority", arg: "N", def: "0",
 			usage: "run ring engine threads under SCHED_FIFO at this priority (1..99; 0: normal scheduler), so paced departures keep time on a busy machine",
-			apply: func(o *options, v string) error {
+			apply: func(o *Options, v string) error {
 				n, err := strconv.Atoi(v)
 				if err != nil || n < 0 || n > 99 {
 					return fmt.Errorf("%q: want 0 (normal scheduler) or a SCHED_FIFO priority 1..99", v)
 				}
-				o.cfg.EnginePriority = n
+				o.Config.EnginePriority = n
 				return nil
 			}},
 		setting{name: "pacing-table-size", arg: "N", def: strconv.Itoa(pacing.DefaultCapacity),
 			usage: "distinct pacing rates per interface (the rate table's entries)",
-			apply: func(o *options, v string) (err error) { o.cfg.Pacing.Capacity, err = parseCount(v); return err }},
+			apply: func(o *Options, v string) (err error) { o.Config.Pacing.Capacity, err = parseCount(v); return err }},
 		setting{name: "pacing-min-kbps", arg: "KBIT/S", def: strconv.Itoa(pacing.DefaultMinKbps),
 			usage: "lowest pacing rate software pacing accepts (hardware: the device's own)",
-			apply: func(o *options, v string) error { return parseKbps(v, &o.cfg.Pacing.MinKbps) }},
+			apply: func(o *Options, v string) error { return parseKbps(v, &o.Config.Pacing.MinKbps) }},
 		setting{name: "pacing-max-kbps", arg: "KBIT/S", def: strconv.Itoa(pacing.DefaultMaxKbps),
 			usage: "highest pacing rate software pacing accepts (hardware: the device's own)",
-			apply: func(o *options, v string) error { return parseKbps(v, &o.cfg.Pacing.MaxKbps) }},
+			apply: func(o *Options, v string) error { return parseKbps(v, &o.Config.Pacing.MaxKbps) }},
 		setting{name: "pacing-max-queues", arg: "N", def: strconv.Itoa(pacing.DefaultMaxQueues),
 			usage: "most paced sockets per interface",
-			apply: func(o *options, v string) (err error) { o.cfg.Pacing.MaxQueues, err = parseCount(v); return err }},
+			apply: func(o *Options, v string) (err error) { o.Config.Pacing.MaxQueues, err = parseCount(v); return err }},
 		setting{name: "pacing-full-policy", arg: "POLICY", def: "refuse",
 			usage: "when the rate table is full: refuse (ENOSPC) or nearest (share the closest rate in use)",
-			apply: func(o *options, v string) (err error) {
-				o.cfg.Pacing.Policy, err = pacing.ParseFullPolicy(v)
+			apply: func(o *Options, v string) (err error) {
+				o.Config.Pacing.Policy, err = pacing.ParseFullPolicy(v)
 				return err
 			}},
 	)

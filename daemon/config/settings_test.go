@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"bytes"
@@ -12,7 +12,6 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/bypassd/bypassd/bpf"
-	"github.com/bypassd/bypassd/daemon"
 	"github.com/bypassd/bypassd/ring/clock/tsconv"
 )
 
@@ -30,7 +29,7 @@ func writeConfig(t *testing.T, text string) string {
 }
 
 func TestOptionsAll(t *testing.T) {
-	o, err := parseOptions([]string{
+	o, err := Parse([]string{
 		"-i", "eth1", "--interface", "eth2:3", "-i", "eth3:0-3", "--queues", "2", "--socket", "/tmp/x.sock", "--socket-mode", "0600",
 		"--socket-group", "0", "--stats-dir", "/tmp/st", "--run-dir", "/tmp/run", "--rx-poll", "-1",
 		"--engine-poll", "50", "--queue-bytes", "256K", "--max-sockets", "10", "--max-queue-memory", "1GiB", "--max-flows", "1000",
@@ -39,55 +38,55 @@ func TestOptionsAll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := o.cfg
-	want := []daemon.Interface{{Name: "eth1", Count: daemon.AllQueues}, {Name: "eth2", Queue: 3, Count: 1}, {Name: "eth3", Count: 4}}
+	c := o.Config
+	want := []Interface{{Name: "eth1", Count: AllQueues}, {Name: "eth2", Queue: 3, Count: 1}, {Name: "eth3", Count: 4}}
 	if !slices.Equal(c.Interfaces, want) || c.Queues != 2 || c.SocketPath != "/tmp/x.sock" || c.SocketMode != 0o600 ||
 		c.SocketGroup != "0" || c.StatsDir != "/tmp/st" || c.RunDir != "/tmp/run" || c.RXPoll >= 0 ||
 		c.EnginePoll != 50*time.Microsecond || c.QueueBytes != 256<<10 || c.MaxSockets != 10 || c.MaxFlows != 1000 ||
 		c.MaxQueueMemory != 1<<30 || c.Frames != 1024 || c.XDPMode != bpf.ModeGeneric ||
-		!slices.Equal(c.CPUs, []int{1, 3, 4}) || o.logLevel != zapcore.DebugLevel || o.logFormat != "console" {
-		t.Errorf("parsed %+v (level %v format %s)", c, o.logLevel, o.logFormat)
+		!slices.Equal(c.CPUs, []int{1, 3, 4}) || o.LogLevel != zapcore.DebugLevel || o.LogFormat != "console" {
+		t.Errorf("parsed %+v (level %v format %s)", c, o.LogLevel, o.LogFormat)
 	}
 }
 
 func TestHWTSConversionOption(t *testing.T) {
-	o, err := parseOptions([]string{"-i", "eth1"}, env(nil))
-	if err != nil || o.cfg.HWTSConversion != nil {
-		t.Fatalf("default: %v %v (nil means the daemon's default, 3)", o.cfg.HWTSConversion, err)
+	o, err := Parse([]string{"-i", "eth1"}, env(nil))
+	if err != nil || o.Config.HWTSConversion != nil {
+		t.Fatalf("default: %v %v (nil means the daemon's default, 3)", o.Config.HWTSConversion, err)
 	}
 	for args, want := range map[string]tsconv.Mode{"0": tsconv.ModeDisable, "2": tsconv.ModeBest, "ptp": tsconv.ModePTP} {
-		o, err := parseOptions([]string{"-i", "eth1", "--hw-ts-conversion", args}, env(nil))
-		if err != nil || o.cfg.HWTSConversion == nil || *o.cfg.HWTSConversion != want {
-			t.Errorf("--hw-ts-conversion %s: %v %v", args, o.cfg.HWTSConversion, err)
+		o, err := Parse([]string{"-i", "eth1", "--hw-ts-conversion", args}, env(nil))
+		if err != nil || o.Config.HWTSConversion == nil || *o.Config.HWTSConversion != want {
+			t.Errorf("--hw-ts-conversion %s: %v %v", args, o.Config.HWTSConversion, err)
 		}
 	}
-	o, err = parseOptions(nil, env(map[string]string{"BYPASSD_INTERFACES": "eth1", "BYPASSD_HW_TS_CONVERSION": "1"}))
-	if err != nil || o.cfg.HWTSConversion == nil || *o.cfg.HWTSConversion != tsconv.ModeRaw {
-		t.Errorf("BYPASSD_HW_TS_CONVERSION=1: %v %v", o.cfg.HWTSConversion, err)
+	o, err = Parse(nil, env(map[string]string{"BYPASSD_INTERFACES": "eth1", "BYPASSD_HW_TS_CONVERSION": "1"}))
+	if err != nil || o.Config.HWTSConversion == nil || *o.Config.HWTSConversion != tsconv.ModeRaw {
+		t.Errorf("BYPASSD_HW_TS_CONVERSION=1: %v %v", o.Config.HWTSConversion, err)
 	}
 }
 
 func TestStatsAndMetricsOptions(t *testing.T) {
-	o, err := parseOptions([]string{"-i", "eth1"}, env(nil))
-	if err != nil || o.cfg.MetricsAddr != "127.0.0.1:9465" || o.cfg.StatsInterval != 0 || o.cfg.MetricsMaxClients != 0 {
-		t.Fatalf("defaults: %+v %v", o.cfg, err)
+	o, err := Parse([]string{"-i", "eth1"}, env(nil))
+	if err != nil || o.Config.MetricsAddr != "127.0.0.1:9465" || o.Config.StatsInterval != 0 || o.Config.MetricsMaxClients != 0 {
+		t.Fatalf("defaults: %+v %v", o.Config, err)
 	}
-	o, err = parseOptions([]string{"-i", "eth1", "--stats-interval", "250ms", "--metrics-addr", "[::1]:9100",
+	o, err = Parse([]string{"-i", "eth1", "--stats-interval", "250ms", "--metrics-addr", "[::1]:9100",
 		"--metrics-max-clients", "7"}, env(nil))
-	if err != nil || o.cfg.StatsInterval != 250*time.Millisecond || o.cfg.MetricsAddr != "[::1]:9100" || o.cfg.MetricsMaxClients != 7 {
-		t.Errorf("set: %+v %v", o.cfg, err)
+	if err != nil || o.Config.StatsInterval != 250*time.Millisecond || o.Config.MetricsAddr != "[::1]:9100" || o.Config.MetricsMaxClients != 7 {
+		t.Errorf("set: %+v %v", o.Config, err)
 	}
 	// 0 turns the stats files off; empty or off turns the metrics off
 	// (the environment cannot be empty, hence "off").
 	for _, args := range [][]string{{"--stats-interval", "0", "--metrics-addr", ""}, {"--stats-interval", "0s", "--metrics-addr", "off"}} {
-		o, err = parseOptions(append([]string{"-i", "eth1"}, args...), env(nil))
-		if err != nil || o.cfg.StatsInterval >= 0 || o.cfg.MetricsAddr != "" {
-			t.Errorf("%v: %+v %v", args, o.cfg, err)
+		o, err = Parse(append([]string{"-i", "eth1"}, args...), env(nil))
+		if err != nil || o.Config.StatsInterval >= 0 || o.Config.MetricsAddr != "" {
+			t.Errorf("%v: %+v %v", args, o.Config, err)
 		}
 	}
-	o, err = parseOptions(nil, env(map[string]string{"BYPASSD_INTERFACES": "eth1", "BYPASSD_METRICS_ADDR": "off", "BYPASSD_STATS_INTERVAL": "1s"}))
-	if err != nil || o.cfg.MetricsAddr != "" || o.cfg.StatsInterval != time.Second {
-		t.Errorf("environment: %+v %v", o.cfg, err)
+	o, err = Parse(nil, env(map[string]string{"BYPASSD_INTERFACES": "eth1", "BYPASSD_METRICS_ADDR": "off", "BYPASSD_STATS_INTERVAL": "1s"}))
+	if err != nil || o.Config.MetricsAddr != "" || o.Config.StatsInterval != time.Second {
+		t.Errorf("environment: %+v %v", o.Config, err)
 	}
 	for args, want := range map[string]string{
 		"--stats-interval=100":      "duration",
@@ -97,19 +96,19 @@ func TestStatsAndMetricsOptions(t *testing.T) {
 		"--metrics-max-clients=0":   "positive number",
 		"--metrics-max-clients=few": "positive number",
 	} {
-		if _, err := parseOptions([]string{"-i", "eth1", args}, env(nil)); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := Parse([]string{"-i", "eth1", args}, env(nil)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v; want %q", args, err, want)
 		}
 	}
 }
 
 func TestOptionsDefaults(t *testing.T) {
-	o, err := parseOptions([]string{"-i", "eth1"}, env(nil))
+	o, err := Parse([]string{"-i", "eth1"}, env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Zero fields mean the daemon's defaults.
-	if o.cfg.SocketPath != "" || o.cfg.QueueBytes != 0 || o.cfg.RXPoll != 0 || o.logLevel != zapcore.InfoLevel || o.logFormat != "json" {
+	if o.Config.SocketPath != "" || o.Config.QueueBytes != 0 || o.Config.RXPoll != 0 || o.LogLevel != zapcore.InfoLevel || o.LogFormat != "json" {
 		t.Errorf("defaults: %+v", o)
 	}
 }
@@ -125,35 +124,35 @@ socket = /tmp/file.sock
 log-level = warn
 `)
 	e := map[string]string{"BYPASSD_RX_POLL": "20", "BYPASSD_SOCKET": "/tmp/env.sock"}
-	o, err := parseOptions([]string{"--config", file, "--socket", "/tmp/flag.sock"}, env(e))
+	o, err := Parse([]string{"--config", file, "--socket", "/tmp/flag.sock"}, env(e))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(o.cfg.Interfaces, []daemon.Interface{{Name: "eth5", Count: daemon.AllQueues}, {Name: "eth6", Queue: 1, Count: 1}, {Name: "eth7", Count: daemon.AllQueues}}) {
-		t.Errorf("interfaces from the file: %v", o.cfg.Interfaces)
+	if !slices.Equal(o.Config.Interfaces, []Interface{{Name: "eth5", Count: AllQueues}, {Name: "eth6", Queue: 1, Count: 1}, {Name: "eth7", Count: AllQueues}}) {
+		t.Errorf("interfaces from the file: %v", o.Config.Interfaces)
 	}
-	if o.cfg.SocketPath != "/tmp/flag.sock" {
-		t.Errorf("flag must beat env and file: %s", o.cfg.SocketPath)
+	if o.Config.SocketPath != "/tmp/flag.sock" {
+		t.Errorf("flag must beat env and file: %s", o.Config.SocketPath)
 	}
-	if o.cfg.RXPoll != 20*time.Microsecond {
-		t.Errorf("env must beat file: %v", o.cfg.RXPoll)
+	if o.Config.RXPoll != 20*time.Microsecond {
+		t.Errorf("env must beat file: %v", o.Config.RXPoll)
 	}
-	if o.cfg.QueueBytes != 64<<10 || o.logLevel != zapcore.WarnLevel {
-		t.Errorf("file values: %d %v", o.cfg.QueueBytes, o.logLevel)
+	if o.Config.QueueBytes != 64<<10 || o.LogLevel != zapcore.WarnLevel {
+		t.Errorf("file values: %d %v", o.Config.QueueBytes, o.LogLevel)
 	}
 	// Environment interfaces replace the file's; flags replace both.
 	e["BYPASSD_INTERFACES"] = "veth1,veth2:0"
-	o, err = parseOptions([]string{"--config", file}, env(e))
-	if err != nil || !slices.Equal(o.cfg.Interfaces, []daemon.Interface{{Name: "veth1", Count: daemon.AllQueues}, {Name: "veth2", Count: 1}}) {
-		t.Errorf("env interfaces: %v %v", o.cfg.Interfaces, err)
+	o, err = Parse([]string{"--config", file}, env(e))
+	if err != nil || !slices.Equal(o.Config.Interfaces, []Interface{{Name: "veth1", Count: AllQueues}, {Name: "veth2", Count: 1}}) {
+		t.Errorf("env interfaces: %v %v", o.Config.Interfaces, err)
 	}
-	o, err = parseOptions([]string{"--config", file, "-i", "veth9"}, env(e))
-	if err != nil || !slices.Equal(o.cfg.Interfaces, []daemon.Interface{{Name: "veth9", Count: daemon.AllQueues}}) {
-		t.Errorf("flag interfaces: %v %v", o.cfg.Interfaces, err)
+	o, err = Parse([]string{"--config", file, "-i", "veth9"}, env(e))
+	if err != nil || !slices.Equal(o.Config.Interfaces, []Interface{{Name: "veth9", Count: AllQueues}}) {
+		t.Errorf("flag interfaces: %v %v", o.Config.Interfaces, err)
 	}
 	// BYPASSD_CONFIG names the file when --config does not.
-	o, err = parseOptions(nil, env(map[string]string{"BYPASSD_CONFIG": file}))
-	if err != nil || o.cfg.SocketPath != "/tmp/file.sock" {
+	o, err = Parse(nil, env(map[string]string{"BYPASSD_CONFIG": file}))
+	if err != nil || o.Config.SocketPath != "/tmp/file.sock" {
 		t.Errorf("BYPASSD_CONFIG: %v %v", o, err)
 	}
 }
@@ -195,7 +194,7 @@ func TestOptionErrors(t *testing.T) {
 		if tc.file != "" {
 			args = append(args, "--config", writeConfig(t, tc.file))
 		}
-		_, err := parseOptions(args, env(tc.env))
+		_, err := Parse(args, env(tc.env))
 		if err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("%v %v %q: %v; want error containing %q", tc.args, tc.env, tc.file, err, tc.err)
 		}
@@ -213,12 +212,12 @@ func TestParseHelpers(t *testing.T) {
 			t.Errorf("parseSize(%q): no error", in)
 		}
 	}
-	if got, err := daemon.ParseCPUList("0, 2-3,2"); err != nil || !slices.Equal(got, []int{0, 2, 3}) {
-		t.Errorf("daemon.ParseCPUList = %v, %v", got, err)
+	if got, err := ParseCPUList("0, 2-3,2"); err != nil || !slices.Equal(got, []int{0, 2, 3}) {
+		t.Errorf("ParseCPUList = %v, %v", got, err)
 	}
 	for _, in := range []string{"", "a", "1-", "-1", "2-1"} {
-		if _, err := daemon.ParseCPUList(in); err == nil {
-			t.Errorf("daemon.ParseCPUList(%q): no error", in)
+		if _, err := ParseCPUList(in); err == nil {
+			t.Errorf("ParseCPUList(%q): no error", in)
 		}
 	}
 	if d, err := parsePoll("-1"); err != nil || d >= 0 {
@@ -229,24 +228,10 @@ func TestParseHelpers(t *testing.T) {
 	}
 }
 
-func TestRunUsageAndVersion(t *testing.T) {
-	var out, errb bytes.Buffer
-	if rc := run([]string{"--help"}, env(nil), &out, &errb); rc != 0 || !strings.Contains(out.String(), "--interface") ||
-		!strings.Contains(out.String(), "BYPASSD_RX_POLL") {
-		t.Errorf("--help: %d %q", rc, out.String())
-	}
-	out.Reset()
-	if rc := run([]string{"--version"}, env(nil), &out, &errb); rc != 0 || !strings.HasPrefix(out.String(), "bypassd ") {
-		t.Errorf("--version: %d %q", rc, out.String())
-	}
-	errb.Reset()
-	if rc := run([]string{"--frames", "7", "-i", "eth1"}, env(nil), &out, &errb); rc != 2 ||
-		!strings.Contains(errb.String(), "power of two") || !strings.Contains(errb.String(), "bypassd --help") {
-		t.Errorf("bad value: %d %q", rc, errb.String())
-	}
-	// Every setting is listed with its environment variable.
-	out.Reset()
-	printUsage(&out)
+// Every setting is listed in --help with its environment variable.
+func TestUsageListsSettings(t *testing.T) {
+	var out bytes.Buffer
+	PrintUsage(&out)
 	for _, s := range settings {
 		if !strings.Contains(out.String(), "--"+s.name) || !strings.Contains(out.String(), s.env) {
 			t.Errorf("--help lacks %s / %s", s.name, s.env)

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/netlab"
 )
 
@@ -24,7 +25,7 @@ import (
 type Server struct {
 	*daemon.Daemon
 	// Config is the configuration it was started with, defaults filled in.
-	Config daemon.Config
+	Config config.Config
 	// Dir holds the control socket, the run files and the stats directory;
 	// other users can traverse it (mode 0755) so that tests may run
 	// clients under another uid.
@@ -39,7 +40,7 @@ func (s *Server) SocketPath() string { return s.Config.SocketPath }
 // fields get test defaults: p.A as the only interface (every queue), a control socket
 // (mode 0666), run directory and stats directory in Dir, 64 KiB queues and
 // 1024 frames. A nil log logs warnings and errors to t.
-func Start(t testing.TB, p *netlab.Pair, cfg daemon.Config, log *zap.Logger) *Server {
+func Start(t testing.TB, p *netlab.Pair, cfg config.Config, log *zap.Logger) *Server {
 	t.Helper()
 	// Not t.TempDir: its parent is 0700, so other uids could not reach
 	// the socket.
@@ -52,7 +53,7 @@ func Start(t testing.TB, p *netlab.Pair, cfg daemon.Config, log *zap.Logger) *Se
 		t.Fatal(err)
 	}
 	if cfg.Interfaces == nil {
-		cfg.Interfaces = []daemon.Interface{{Name: p.A.Name, Count: daemon.AllQueues}}
+		cfg.Interfaces = []config.Interface{{Name: p.A.Name, Count: config.AllQueues}}
 	}
 	if cfg.SocketPath == "" {
 		cfg.SocketPath = filepath.Join(dir, "ctl.sock")

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/netlab"
 )
@@ -40,7 +40,7 @@ func newLab(t *testing.T) *lab {
 	t.Helper()
 	lib, _ := built(t)
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	srv := daemontest.Start(t, p, daemon.Config{
+	srv := daemontest.Start(t, p, config.Config{
 		Frames: 4096,
 		// Big enough for 65000-byte datagrams (a queue holds up to half
 		// its size).
