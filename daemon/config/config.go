@@ -1,3 +1,17 @@
+// Package config turns the daemon's flags, BYPASSD_* environment variables
+// and config file into one validated Config: the settings table
+// (settings.go, one entry per option: flag, environment variable, default,
+// parser), the defaults (WithDefaults), and every check of a value and of
+// how values combine (Resolve). docs/configuration.md lists the same
+// settings, and a test holds the two together.
+//
+// A new daemon option is one entry in the settings table, a Config field,
+// its check in Resolve when one value alone cannot be judged, and its row in
+// docs/configuration.md; the code that uses it reads Config.
+//
+// The package opens nothing: what only the running system can tell (which
+// provider an interface gets, which timestamp mode its NIC supports, how
+// many queues it has) package daemon finds at start, and logs.
 package config
 
 import (
