@@ -100,6 +100,19 @@ func (p *proc) log() string {
 	return p.logs.String()
 }
 
+// logged waits up to d for a log line containing s: the daemon logs some
+// lines (a takeover's "took over") after "bypassd ready".
+func (p *proc) logged(s string, d time.Duration) bool {
+	for end := time.Now().Add(d); ; time.Sleep(10 * time.Millisecond) {
+		if strings.Contains(p.log(), s) {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+	}
+}
+
 func (p *proc) waitReady(t *testing.T) {
 	t.Helper()
 	select {

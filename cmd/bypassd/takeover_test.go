@@ -67,7 +67,7 @@ func TestTakeoverProcesses(t *testing.T) {
 	if rc := old.wait(t); rc != 0 {
 		t.Fatalf("the old daemon exited %d:\n%s", rc, old.log())
 	}
-	if !strings.Contains(old.log(), "handed over to the new daemon") || !strings.Contains(next.log(), `"took over"`) {
+	if !strings.Contains(old.log(), "handed over to the new daemon") || !next.logged(`"took over"`, 10*time.Second) {
 		t.Errorf("handover not logged:\nold:\n%s\nnew:\n%s", old.log(), next.log())
 	}
 	exchange("after --takeover")
