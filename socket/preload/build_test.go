@@ -32,7 +32,7 @@ var (
 )
 
 // built runs the library's Makefile once per test binary: libbypassd.so
-// and the sanitizer-built unit test and multiplexing program, in a
+// and the sanitizer-built unit test, multiplexing and TCP programs, in a
 // directory removed at exit.
 func built(t *testing.T) (lib, unit string) {
 	t.Helper()
@@ -43,10 +43,11 @@ func built(t *testing.T) (lib, unit string) {
 		if buildErr != nil {
 			return
 		}
-		cmd := exec.Command("make", "-j2", "-C", "c", "all", "unit", "mux",
+		cmd := exec.Command("make", "-j2", "-C", "c", "all", "unit", "mux", "tcp",
 			"OUT="+filepath.Join(buildDir, "libbypassd.so"),
 			"TESTBIN="+filepath.Join(buildDir, "unit_test"),
-			"MUXBIN="+filepath.Join(buildDir, "mux_test"))
+			"MUXBIN="+filepath.Join(buildDir, "mux_test"),
+			"TCPBIN="+filepath.Join(buildDir, "tcp_test"))
 		buildOut, buildErr = cmd.CombinedOutput()
 	})
 	if buildErr != nil {
@@ -68,4 +69,11 @@ func buildMux(t *testing.T) string {
 	t.Helper()
 	built(t)
 	return filepath.Join(buildDir, "mux_test")
+}
+
+// buildTCP returns the TCP test program (c/tests/tcp.c).
+func buildTCP(t *testing.T) string {
+	t.Helper()
+	built(t)
+	return filepath.Join(buildDir, "tcp_test")
 }

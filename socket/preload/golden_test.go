@@ -35,15 +35,18 @@ func goldenMessages(t *testing.T) map[string][]byte {
 		h ctlproto.Header
 		b ctlproto.Message
 	}{
-		"hello":      {ctlproto.Header{Code: ctlproto.CodeHello, ReqID: 1}, ctlproto.NewHello("golden-prog")},
-		"open":       {ctlproto.Header{Code: ctlproto.CodeOpen, ReqID: 7}, ctlproto.Open{Family: ctlproto.FamilyInet6, Type: ctlproto.TypeDgram, QueueBytes: 65536}},
-		"bind":       {ctlproto.Header{Code: ctlproto.CodeBind, ReqID: 0x01020304, Socket: 9}, ctlproto.Bind{Addr: netip.AddrPortFrom(v4, 5000), ReuseAddr: true}},
-		"connect":    {ctlproto.Header{Code: ctlproto.CodeConnect, ReqID: 3, Socket: 4}, ctlproto.Connect{Addr: netip.AddrPortFrom(v6, 53)}},
-		"setsockopt": {ctlproto.Header{Code: ctlproto.CodeSetSockOpt, ReqID: 5, Socket: 2}, ctlproto.SetSockOpt{Level: 1, Name: 47, Value: []byte{0x40, 0x42, 0x0f, 0x00}}},
-		"getsockopt": {ctlproto.Header{Code: ctlproto.CodeGetSockOpt, ReqID: 6, Socket: 2}, ctlproto.GetSockOpt{Level: 0, Name: 1}},
-		"join":       {ctlproto.Header{Code: ctlproto.CodeJoin, ReqID: 8, Socket: 3}, ctlproto.Group{Group: netip.MustParseAddr("239.1.2.3"), Source: netip.MustParseAddr("192.0.2.9"), Ifindex: 5}},
-		"leave":      {ctlproto.Header{Code: ctlproto.CodeLeave, ReqID: 9, Socket: 3}, ctlproto.Group{Group: netip.MustParseAddr("ff15::1")}},
-		"close":      {ctlproto.Header{Code: ctlproto.CodeClose, ReqID: 10, Socket: 3}, ctlproto.Empty{}},
+		"hello":       {ctlproto.Header{Code: ctlproto.CodeHello, ReqID: 1}, ctlproto.NewHello("golden-prog")},
+		"open":        {ctlproto.Header{Code: ctlproto.CodeOpen, ReqID: 7}, ctlproto.Open{Family: ctlproto.FamilyInet6, Type: ctlproto.TypeDgram, QueueBytes: 65536}},
+		"bind":        {ctlproto.Header{Code: ctlproto.CodeBind, ReqID: 0x01020304, Socket: 9}, ctlproto.Bind{Addr: netip.AddrPortFrom(v4, 5000), ReuseAddr: true}},
+		"connect":     {ctlproto.Header{Code: ctlproto.CodeConnect, ReqID: 3, Socket: 4}, ctlproto.Connect{Addr: netip.AddrPortFrom(v6, 53)}},
+		"setsockopt":  {ctlproto.Header{Code: ctlproto.CodeSetSockOpt, ReqID: 5, Socket: 2}, ctlproto.SetSockOpt{Level: 1, Name: 47, Value: []byte{0x40, 0x42, 0x0f, 0x00}}},
+		"getsockopt":  {ctlproto.Header{Code: ctlproto.CodeGetSockOpt, ReqID: 6, Socket: 2}, ctlproto.GetSockOpt{Level: 0, Name: 1}},
+		"join":        {ctlproto.Header{Code: ctlproto.CodeJoin, ReqID: 8, Socket: 3}, ctlproto.Group{Group: netip.MustParseAddr("239.1.2.3"), Source: netip.MustParseAddr("192.0.2.9"), Ifindex: 5}},
+		"leave":       {ctlproto.Header{Code: ctlproto.CodeLeave, ReqID: 9, Socket: 3}, ctlproto.Group{Group: netip.MustParseAddr("ff15::1")}},
+		"close":       {ctlproto.Header{Code: ctlproto.CodeClose, ReqID: 10, Socket: 3}, ctlproto.Empty{}},
+		"open_stream": {ctlproto.Header{Code: ctlproto.CodeOpen, ReqID: 11}, ctlproto.Open{Family: ctlproto.FamilyInet, Type: ctlproto.TypeStream}},
+		"listen":      {ctlproto.Header{Code: ctlproto.CodeListen, ReqID: 12, Socket: 6}, ctlproto.ListenReq{Backlog: 128}},
+		"accept":      {ctlproto.Header{Code: ctlproto.CodeAccept, ReqID: 13, Socket: 6}, ctlproto.AcceptReq{QueueBytes: 8192}},
 		// Replies C decodes.
 		"hello_reply":  {ctlproto.Header{Code: ctlproto.CodeHello | ctlproto.ReplyBit, ReqID: 1}, helloReply()},
 		"open_reply":   {ctlproto.Header{Code: ctlproto.CodeOpen | ctlproto.ReplyBit, ReqID: 2, Socket: 5}, openReply()},
@@ -51,6 +54,7 @@ func goldenMessages(t *testing.T) map[string][]byte {
 		"sockopt_val":  {ctlproto.Header{Code: ctlproto.CodeGetSockOpt | ctlproto.ReplyBit, ReqID: 4, Socket: 5}, ctlproto.SockOptValue{Value: []byte{0xe8, 0x03, 0, 0, 0, 0, 0, 0, 0xea, 0x05, 0, 0, 1, 0, 0, 0, 0x10, 0x27, 0, 0}}},
 		"error_reply":  {ctlproto.ErrorReply(ctlproto.Header{Code: ctlproto.CodeGetSockOpt, ReqID: 6, Socket: 1}, 92), ctlproto.Empty{}},
 		"socket_error": {ctlproto.Header{Code: ctlproto.CodeSocketError, Socket: 12}, ctlproto.SocketError{Errno: 100}},
+		"accept_reply": {ctlproto.Header{Code: ctlproto.CodeAccept | ctlproto.ReplyBit, ReqID: 13, Socket: 7}, ctlproto.AcceptReply{OpenReply: openReply(), Peer: netip.AddrPortFrom(v4, 40001), Local: netip.AddrPortFrom(netip.MustParseAddr("192.0.2.2"), 80)}},
 	}
 	out := make(map[string][]byte, len(msgs))
 	for name, m := range msgs {

@@ -55,6 +55,8 @@ enum bpd_code {
 	BPD_JOIN = 7,
 	BPD_LEAVE = 8,
 	BPD_CLOSE = 9,
+	BPD_LISTEN = 24,
+	BPD_ACCEPT = 25,
 	BPD_SHUTDOWN = 16,
 	BPD_SOCKET_ERROR = 17,
 };
@@ -95,7 +97,9 @@ struct bpd_addr {
 /* Encoders return the message length (header + body). buf has BPD_MSG_MAX
  * bytes. */
 BPD_HIDDEN size_t bpd_enc_hello(uint8_t *buf, uint32_t req, const char *name, int version);
-BPD_HIDDEN size_t bpd_enc_open(uint8_t *buf, uint32_t req, uint16_t family, uint32_t queue_bytes);
+BPD_HIDDEN size_t bpd_enc_open(uint8_t *buf, uint32_t req, uint16_t family, int type,
+			       uint32_t queue_bytes);
+BPD_HIDDEN size_t bpd_enc_u32(uint8_t *buf, uint16_t code, uint32_t req, uint32_t sock, uint32_t v);
 BPD_HIDDEN size_t bpd_enc_addrport(uint8_t *buf, uint16_t code, uint32_t req, uint32_t sock,
 				   const struct bpd_addr *a, uint16_t flags);
 BPD_HIDDEN size_t bpd_enc_setsockopt(uint8_t *buf, uint32_t req, uint32_t sock, int32_t level,
@@ -117,6 +121,10 @@ BPD_HIDDEN int bpd_dec_hello_reply(const uint8_t *b, size_t len, int version,
 BPD_HIDDEN int bpd_dec_open_reply(const uint8_t *b, size_t len, int version,
 				  struct bpd_open_reply *r);
 BPD_HIDDEN int bpd_dec_addrport(const uint8_t *b, size_t len, struct bpd_addr *a);
+/* ACCEPT's reply: an OPEN reply of the version, the peer, the local address. */
+BPD_HIDDEN int bpd_dec_accept_reply(const uint8_t *b, size_t len, int version,
+				    struct bpd_open_reply *o, struct bpd_addr *peer,
+				    struct bpd_addr *local);
 BPD_HIDDEN int bpd_dec_sockopt_val(const uint8_t *b, size_t len, uint8_t val[64], uint32_t *vlen);
 BPD_HIDDEN int bpd_dec_u32(const uint8_t *b, size_t len, uint32_t *v);
 
@@ -341,6 +349,7 @@ struct bpd_sock {
 	pthread_mutex_t mu; /* state, options, control requests */
 	int state;
 	int family; /* AF_INET / AF_INET6 */
+	int type;   /* SOCK_DGRAM (sock.c) or SOCK_STREAM (stream.c) */
 	_Atomic int nonblock;
 	/* Options set before the socket was offloaded, replayed at OPEN. */
 	struct bpd_saved_opt saved[BPD_MAX_SAVED_OPTS];
@@ -369,9 +378,18 @@ struct bpd_sock {
 	_Atomic int closed;
 	_Atomic int forked; /* inherited across fork: the parent's, unusable here */
 	_Atomic int shut_rd, shut_wr;
+
+	/* Stream sockets (stream.c). The receive side's fields are the RX
+	 * lock's; the flags are atomic because senders read them. */
+	_Atomic int listening, connecting;
+	_Atomic int conn_err;  /* SO_ERROR: the failed handshake's or reset's errno, until read */
+	int rd_eof;            /* the peer's FIN (or a reported error) was consumed */
+	int rd_err;            /* an ERROR record consumed, not reported by a read yet */
+	uint32_t rx_off;       /* bytes of the head data record already read */
+	int linger_on, linger_secs;
 };
 
-BPD_HIDDEN struct bpd_sock *bpd_sock_new(int family, int nonblock);
+BPD_HIDDEN struct bpd_sock *bpd_sock_new(int family, int type, int nonblock);
 BPD_HIDDEN void bpd_sock_ref(struct bpd_sock *s);
 BPD_HIDDEN void bpd_sock_unref(struct bpd_sock *s);
 /* Offload: OPEN, replay options, BIND (local, or the wildcard) and CONNECT
@@ -393,11 +411,52 @@ BPD_HIDDEN int bpd_sock_setsockopt(struct bpd_sock *s, int level, int name, cons
 BPD_HIDDEN int bpd_sock_getsockopt(struct bpd_sock *s, int level, int name, void *val,
 				   socklen_t *len);
 BPD_HIDDEN int bpd_sock_fionread(struct bpd_sock *s, int *out);
+/* Shared by sock.c and stream.c: the one place that knows how the queues
+ * of each protocol version are attached, announced and waited on. */
+BPD_HIDDEN int bpd_sock_usable(struct bpd_sock *s); /* 0 or the errno every call fails with */
+BPD_HIDDEN int bpd_sock_request(struct bpd_sock *s, uint8_t *msg, size_t len, struct bpd_reply *r);
+BPD_HIDDEN int bpd_sock_attach(struct bpd_sock *s, struct bpd_reply *r);
+BPD_HIDDEN void bpd_sock_kick(struct bpd_sock *s);        /* publish TX, wake the daemon */
+BPD_HIDDEN void bpd_sock_rx_release(struct bpd_sock *s);  /* after advancing RX */
+BPD_HIDDEN void bpd_sock_rx_rearm(struct bpd_sock *s);    /* RX lock; queue found empty */
+BPD_HIDDEN int bpd_sock_wait_room(struct bpd_sock *s, uint32_t n, int64_t deadline);
+/* bpd_sock_rx_wait waits (RX lock held) for the RX queue after it was
+ * found empty and re-armed: spins as the policy says, then sleeps. 0 to
+ * look again, EAGAIN at the deadline (µs, 0: none), EINTR. */
+BPD_HIDDEN int bpd_sock_rx_wait(struct bpd_sock *s, int64_t *spin_until, int64_t deadline);
+BPD_HIDDEN int64_t bpd_deadline_of(_Atomic int64_t *timeo);
+/* getsockopt's copy-out: at most *len bytes of data, *len set. */
+BPD_HIDDEN int bpd_put_opt(void *val, socklen_t *len, const void *data, socklen_t dlen);
+
+/* ---- stream (TCP) sockets (stream.c) ---- */
+enum { BPD_REC_DATA = 2, BPD_REC_EVENT = 3, BPD_EVENT_LEN = 24 };
+enum { BPD_EV_CONNECTED = 1, BPD_EV_EOF = 2, BPD_EV_ERROR = 3, BPD_EV_ACCEPTABLE = 4 };
+/* Continue a connect the offload started (CONNECT sent): wait for the
+ * handshake or EINPROGRESS. 0 or an errno. */
+BPD_HIDDEN int bpd_stream_connected(struct bpd_sock *s);
+BPD_HIDDEN int bpd_stream_connect(struct bpd_sock *s, const struct bpd_addr *remote);
+BPD_HIDDEN int bpd_stream_listen(struct bpd_sock *s, int backlog);
+/* Accepts one connection: a new socket (offloaded, one reference, its
+ * rxfd the descriptor to give the program) in *out. 0 or an errno. */
+BPD_HIDDEN int bpd_stream_accept(struct bpd_sock *s, int nonblock, struct bpd_sock **out);
+BPD_HIDDEN ssize_t bpd_stream_send(struct bpd_sock *s, const struct msghdr *m, int flags);
+BPD_HIDDEN ssize_t bpd_stream_recv(struct bpd_sock *s, struct msghdr *m, int flags);
+BPD_HIDDEN int bpd_stream_shutdown(struct bpd_sock *s, int how);
+BPD_HIDDEN int bpd_stream_fionread(struct bpd_sock *s, int *out);
+/* SO_ERROR (waits for a handshake in progress), SO_ACCEPTCONN, TCP_INFO:
+ * 1 when answered here (*err set). */
+BPD_HIDDEN int bpd_stream_getsockopt(struct bpd_sock *s, int level, int name, void *val,
+				     socklen_t *len, int *err);
+/* Takes a connecting socket's outcome if it arrived (getsockname, ...). */
+BPD_HIDDEN void bpd_stream_settle(struct bpd_sock *s);
+
 /* Wakes every thread blocked on the socket (close, daemon gone). */
 BPD_HIDDEN void bpd_sock_wake(struct bpd_sock *s);
 BPD_HIDDEN void bpd_sock_break(struct bpd_sock *s, int err);
 /* Wait (bounded) until the engine took every queued datagram. */
 BPD_HIDDEN void bpd_sock_flush(struct bpd_sock *s);
+/* At exit: datagrams wait to leave, connections are closed (FIN). */
+BPD_HIDDEN void bpd_sock_at_exit(struct bpd_sock *s);
 /* Tell the daemon (if the session lives) and release the queues. */
 BPD_HIDDEN void bpd_sock_release(struct bpd_sock *s);
 /* Every offloaded socket of session sess is broken with err (daemon gone). */

@@ -43,6 +43,9 @@ static int config_error; /* the rules did not parse: nothing is offloaded */
 static int (*real_socket)(int, int, int);
 static int (*real_bind)(int, const struct sockaddr *, socklen_t);
 static int (*real_connect)(int, const struct sockaddr *, socklen_t);
+static int (*real_listen)(int, int);
+static int (*real_accept)(int, struct sockaddr *, socklen_t *);
+static int (*real_accept4)(int, struct sockaddr *, socklen_t *, int);
 static int (*real_close)(int);
 static int (*real_shutdown)(int, int);
 static ssize_t (*real_send)(int, const void *, size_t, int);
@@ -87,6 +90,9 @@ static void resolve(void)
 	R(socket);
 	R(bind);
 	R(connect);
+	R(listen);
+	R(accept);
+	R(accept4);
 	R(close);
 	R(shutdown);
 	R(send);
@@ -301,19 +307,20 @@ __attribute__((constructor)) static void init(void)
 	pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
-static void flush_one(struct bpd_sock *s, void *arg)
+static void exit_one(struct bpd_sock *s, void *arg)
 {
 	(void)arg;
-	bpd_sock_flush(s);
+	bpd_sock_at_exit(s);
 }
 
-/* At exit, datagrams a program queued just before exiting still leave:
- * the daemon drops the queues of a process that went away. */
+/* At exit, datagrams a program queued just before exiting still leave
+ * (the daemon drops the queues of a process that went away), and
+ * connections end with FIN, not the reset of a session that vanished. */
 __attribute__((destructor)) static void fini(void)
 {
 	BPD_LOG(BPD_LOG_DEBUG, "exit: waiting for queued datagrams to leave");
 	if (tab)
-		bpd_fd_foreach(flush_one, NULL);
+		bpd_fd_foreach(exit_one, NULL);
 }
 
 /* ---- deciding ---- */
@@ -422,10 +429,12 @@ EXPORT int socket(int domain, int type, int protocol)
 {
 	ENSURE(socket);
 	int fd = real_socket(domain, type, protocol);
+	int kind = type & 0xf;
 	if (fd < 0 || fd >= tabsize || (domain != AF_INET && domain != AF_INET6) ||
-	    (type & 0xf) != SOCK_DGRAM || (protocol != 0 && protocol != IPPROTO_UDP))
+	    !((kind == SOCK_DGRAM && (protocol == 0 || protocol == IPPROTO_UDP)) ||
+	      (kind == SOCK_STREAM && (protocol == 0 || protocol == IPPROTO_TCP))))
 		return fd;
-	struct bpd_sock *s = bpd_sock_new(domain, (type & SOCK_NONBLOCK) != 0);
+	struct bpd_sock *s = bpd_sock_new(domain, kind, (type & SOCK_NONBLOCK) != 0);
 	if (s)
 		drop_alias(slot_set(fd, s)); /* a stale entry cannot exist: fd was just allocated */
 	return fd;
@@ -456,7 +465,9 @@ static void cancelled_await(void *arg)
  * like the receive it stands in for. */
 static int await_decided(int fd, struct bpd_sock *s, int flags)
 {
-	if ((flags & MSG_DONTWAIT) || atomic_load(&s->nonblock))
+	/* A stream socket reads nothing before connect or accept (the
+	 * kernel socket answers that). */
+	if ((flags & MSG_DONTWAIT) || atomic_load(&s->nonblock) || s->type == SOCK_STREAM)
 		return 0;
 	int64_t t = atomic_load(&s->rcvtimeo_us), deadline = t ? bpd_now_us() + t : 0;
 	pthread_mutex_lock(&decided_mu);
@@ -517,6 +528,28 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
 	return r;
 }
 
+/* stream_connect: a pending socket is decided by the remote address (the
+ * offload sends CONNECT); then the handshake is waited for, or
+ * EINPROGRESS. */
+static int stream_connect(int fd, struct bpd_sock *s, const struct sockaddr *addr, socklen_t len)
+{
+	struct bpd_addr a;
+	int e = bpd_addr_from_sockaddr(addr, len, s->family, &a);
+	if (s->state == BPD_OFFLOADED)
+		return (e = e ? e : bpd_stream_connect(s, &a)) ? fail(e) : 0;
+	if (e || bpd_addr_is_zero(&a)) {
+		forget(fd, s); /* not an address bypassd carries */
+		return real_connect(fd, addr, len);
+	}
+	int d = pending_decide(fd, s, NULL, &a);
+	if (d == DECIDE_KERNEL)
+		return real_connect(fd, addr, len);
+	if (d == DECIDE_ERROR)
+		return -1;
+	e = atomic_load(&s->connecting) || s->connected ? bpd_stream_connected(s) : bpd_stream_connect(s, &a);
+	return e ? fail(e) : 0;
+}
+
 EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 {
 	ENSURE(connect);
@@ -525,7 +558,9 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		return real_connect(fd, addr, len);
 	int r, e;
 	struct bpd_addr a;
-	if (addr && len >= (socklen_t)sizeof(sa_family_t) && addr->sa_family == AF_UNSPEC) {
+	if (s->type == SOCK_STREAM) {
+		r = stream_connect(fd, s, addr, len);
+	} else if (addr && len >= (socklen_t)sizeof(sa_family_t) && addr->sa_family == AF_UNSPEC) {
 		memset(&a, 0, sizeof(a)); /* disconnect */
 		r = s->state == BPD_OFFLOADED ? ((e = bpd_sock_connect(s, &a)) ? fail(e) : 0)
 					      : real_connect(fd, addr, len);
@@ -564,14 +599,94 @@ EXPORT int close(int fd)
 	return r;
 }
 
+EXPORT int listen(int fd, int backlog)
+{
+	ENSURE(listen);
+	struct bpd_sock *s = bpd_fd_get(fd);
+	if (!s)
+		return real_listen(fd, backlog);
+	int r, e;
+	if (s->type != SOCK_STREAM) {
+		r = s->state == BPD_OFFLOADED ? fail(EOPNOTSUPP) : real_listen(fd, backlog);
+	} else if (s->state == BPD_OFFLOADED) {
+		r = (e = bpd_stream_listen(s, backlog)) ? fail(e) : 0;
+		char a[64];
+		if (!r)
+			BPD_LOG(BPD_LOG_INFO, "fd %d: listening on %s (bypassd socket %u)", fd,
+				bpd_fmt_addr(&s->laddr, a, sizeof(a)), s->id);
+	} else {
+		/* Listening unbound: decided as a bind to the wildcard address
+		 * and a port the daemon picks, as Linux binds one. */
+		struct bpd_addr any = {{0}, 0};
+		if (s->family == AF_INET)
+			any.addr[10] = any.addr[11] = 0xff;
+		int d = pending_decide(fd, s, &any, NULL);
+		r = d == DECIDE_KERNEL	  ? real_listen(fd, backlog)
+		    : d == DECIDE_ERROR	  ? -1
+		    : (e = bpd_stream_listen(s, backlog)) ? fail(e)
+							  : 0;
+	}
+	bpd_sock_unref(s);
+	return r;
+}
+
+static int name_of(struct bpd_sock *s, const struct bpd_addr *a, int valid, struct sockaddr *sa,
+		   socklen_t *len);
+
+EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *alen, int flags)
+{
+	ENSURE(accept4);
+	struct bpd_sock *s = bpd_fd_get(fd);
+	if (!s)
+		return real_accept4(fd, addr, alen, flags);
+	if (s->state != BPD_OFFLOADED || s->type != SOCK_STREAM) {
+		bpd_sock_unref(s);
+		return real_accept4(fd, addr, alen, flags);
+	}
+	struct bpd_sock *n = NULL;
+	int e = flags & ~(SOCK_NONBLOCK | SOCK_CLOEXEC) ? EINVAL
+						       : bpd_stream_accept(s, atomic_load(&s->nonblock), &n);
+	bpd_sock_unref(s);
+	if (e)
+		return fail(e);
+	/* The program's descriptor for the connection is its RX eventfd, as
+	 * for every offloaded socket. */
+	int nfd = real_fcntl(n->rxfd, flags & SOCK_CLOEXEC ? F_DUPFD_CLOEXEC : F_DUPFD, 0);
+	if (nfd < 0 || nfd >= tabsize) {
+		e = nfd < 0 ? errno : EMFILE;
+		if (nfd >= 0)
+			real_close(nfd);
+		bpd_sock_unref(n); /* closes it at the daemon */
+		return fail(e);
+	}
+	atomic_store(&n->nonblock, (flags & SOCK_NONBLOCK) != 0);
+	drop_alias(slot_set(nfd, n));
+	if (addr && alen)
+		(void)name_of(n, &n->raddr, 1, addr, alen);
+	char a[64];
+	BPD_LOG(BPD_LOG_INFO, "fd %d: accepted bypassd socket %u from %s", nfd, n->id,
+		bpd_fmt_addr(&n->raddr, a, sizeof(a)));
+	return nfd;
+}
+
+EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *alen)
+{
+	ENSURE(accept);
+	if (!tracked(fd))
+		return real_accept(fd, addr, alen);
+	return accept4(fd, addr, alen, 0);
+}
+
 EXPORT int shutdown(int fd, int how)
 {
 	ENSURE(shutdown);
 	struct bpd_sock *s = bpd_fd_get(fd);
 	if (!s)
 		return real_shutdown(fd, how);
-	int r = s->state == BPD_OFFLOADED ? ((r = bpd_sock_shutdown(s, how)) ? fail(r) : 0)
-					  : real_shutdown(fd, how);
+	int r = s->state != BPD_OFFLOADED ? real_shutdown(fd, how)
+		: (r = s->type == SOCK_STREAM ? bpd_stream_shutdown(s, how) : bpd_sock_shutdown(s, how))
+		    ? fail(r)
+		    : 0;
 	bpd_sock_unref(s);
 	return r;
 }
@@ -585,6 +700,10 @@ static struct bpd_sock *offloaded_for_send(int fd, struct bpd_sock *s, const str
 	*err = 0;
 	if (s->state == BPD_OFFLOADED)
 		return s;
+	if (s->type == SOCK_STREAM) {
+		bpd_sock_unref(s); /* not connected: the kernel socket answers */
+		return NULL;
+	}
 	struct bpd_addr a;
 	if (!m->msg_name || bpd_addr_from_sockaddr(m->msg_name, m->msg_namelen, s->family, &a) ||
 	    bpd_addr_is_zero(&a)) {
@@ -606,7 +725,7 @@ static ssize_t send_common(int fd, struct bpd_sock *s, const struct msghdr *m, i
 	int err;
 	if (!(s = offloaded_for_send(fd, s, m, &err)))
 		return err ? fail(err) : kernel(fd, m, flags);
-	ssize_t r = bpd_sock_send(s, m, flags);
+	ssize_t r = s->type == SOCK_STREAM ? bpd_stream_send(s, m, flags) : bpd_sock_send(s, m, flags);
 	bpd_sock_unref(s);
 	return r;
 }
@@ -656,7 +775,15 @@ EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 			bpd_sock_unref(s);
 		return n && err ? fail(err) : real_sendmmsg(fd, v, n, flags);
 	}
-	int r = bpd_sock_sendmmsg(s, v, n, flags);
+	int r;
+	if (s->type == SOCK_STREAM) {
+		unsigned i = 0;
+		for (ssize_t k; i < n && (k = bpd_stream_send(s, &v[i].msg_hdr, flags)) >= 0; i++)
+			v[i].msg_len = (unsigned)k;
+		r = i ? (int)i : -1;
+	} else {
+		r = bpd_sock_sendmmsg(s, v, n, flags);
+	}
 	bpd_sock_unref(s);
 	return r;
 }
@@ -664,7 +791,9 @@ EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 static ssize_t write_common(struct bpd_sock *s, const struct iovec *iov, int cnt)
 {
 	struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)cnt};
-	ssize_t r = s->state == BPD_OFFLOADED ? bpd_sock_send(s, &m, 0) : -2;
+	if (s->state != BPD_OFFLOADED)
+		return -2;
+	ssize_t r = s->type == SOCK_STREAM ? bpd_stream_send(s, &m, 0) : bpd_sock_send(s, &m, 0);
 	return r;
 }
 
@@ -701,7 +830,7 @@ static ssize_t recv_common(int fd, struct bpd_sock *s, struct msghdr *m, int fla
 	}
 	if (s->state != BPD_OFFLOADED)
 		return -2;
-	return bpd_sock_recv(s, m, flags);
+	return s->type == SOCK_STREAM ? bpd_stream_recv(s, m, flags) : bpd_sock_recv(s, m, flags);
 }
 
 EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
@@ -756,7 +885,12 @@ EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct
 	int r = -2;
 	if (s->state == BPD_PENDING && (r = await_decided(fd, s, flags)))
 		r = fail(r);
-	else if (s->state == BPD_OFFLOADED)
+	else if (s->state == BPD_OFFLOADED && s->type == SOCK_STREAM) {
+		ssize_t k = n ? bpd_stream_recv(s, &v[0].msg_hdr, flags & ~MSG_WAITFORONE) : 0;
+		if (k >= 0 && n)
+			v[0].msg_len = (unsigned)k;
+		r = k < 0 ? -1 : n ? 1 : 0; /* one message: a stream has no boundaries */
+	} else if (s->state == BPD_OFFLOADED)
 		r = bpd_sock_recvmmsg(s, v, n, flags, timeout);
 	else
 		r = -2;
@@ -835,6 +969,8 @@ EXPORT int getsockname(int fd, struct sockaddr *sa, socklen_t *len)
 	struct bpd_sock *s = bpd_fd_get(fd);
 	if (!s)
 		return real_getsockname(fd, sa, len);
+	if (s->state == BPD_OFFLOADED && s->type == SOCK_STREAM)
+		bpd_stream_settle(s); /* the handshake's end names the local address */
 	int r = s->state == BPD_OFFLOADED ? name_of(s, &s->laddr, 1, sa, len)
 					  : real_getsockname(fd, sa, len);
 	bpd_sock_unref(s);
@@ -847,6 +983,8 @@ EXPORT int getpeername(int fd, struct sockaddr *sa, socklen_t *len)
 	struct bpd_sock *s = bpd_fd_get(fd);
 	if (!s)
 		return real_getpeername(fd, sa, len);
+	if (s->state == BPD_OFFLOADED && s->type == SOCK_STREAM)
+		bpd_stream_settle(s);
 	int r = s->state == BPD_OFFLOADED ? name_of(s, &s->raddr, s->connected, sa, len)
 					  : real_getpeername(fd, sa, len);
 	bpd_sock_unref(s);
@@ -963,7 +1101,7 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 		set_nonblock(s, *(int *)arg);
 		r = 0;
 	} else {
-		int e = bpd_sock_fionread(s, arg);
+		int e = s->type == SOCK_STREAM ? bpd_stream_fionread(s, arg) : bpd_sock_fionread(s, arg);
 		r = e ? fail(e) : 0;
 	}
 	bpd_sock_unref(s);

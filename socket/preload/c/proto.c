@@ -63,13 +63,22 @@ size_t bpd_enc_hello(uint8_t *buf, uint32_t req, const char *name, int version)
 	return n;
 }
 
-size_t bpd_enc_open(uint8_t *buf, uint32_t req, uint16_t family, uint32_t queue_bytes)
+size_t bpd_enc_open(uint8_t *buf, uint32_t req, uint16_t family, int type, uint32_t queue_bytes)
 {
 	size_t n = hdr(buf, BPD_OPEN, req, 0, 8);
 	uint8_t *b = buf + BPD_HDR_LEN;
 	put16(b, family == AF_INET6 ? 10 : 2);
-	put16(b + 2, 2); /* SOCK_DGRAM */
+	put16(b + 2, type == SOCK_STREAM ? 1 : 2);
 	put32(b + 4, queue_bytes);
+	return n;
+}
+
+/* LISTEN (24) and ACCEPT (25) bodies are one u32: the backlog, the new
+ * socket's queue size. */
+size_t bpd_enc_u32(uint8_t *buf, uint16_t code, uint32_t req, uint32_t sock, uint32_t v)
+{
+	size_t n = hdr(buf, code, req, sock, 4);
+	put32(buf + BPD_HDR_LEN, v);
 	return n;
 }
 
@@ -208,6 +217,19 @@ int bpd_dec_open_reply(const uint8_t *b, size_t len, int version, struct bpd_ope
 	if (t < x + qs && x < t + qs) /* overlap */
 		return EPROTO;
 	return 0;
+}
+
+int bpd_dec_accept_reply(const uint8_t *b, size_t len, int version, struct bpd_open_reply *o,
+			 struct bpd_addr *peer, struct bpd_addr *local)
+{
+	if (len != 72)
+		return EPROTO;
+	int err = bpd_dec_open_reply(b, 32, version, o);
+	if (!err)
+		err = bpd_dec_addrport(b + 32, 20, peer);
+	if (!err)
+		err = bpd_dec_addrport(b + 52, 20, local);
+	return err;
 }
 
 int bpd_dec_addrport(const uint8_t *b, size_t len, struct bpd_addr *a)

@@ -45,7 +45,7 @@ static inline void cpu_relax(void)
 #endif
 }
 
-struct bpd_sock *bpd_sock_new(int family, int nonblock)
+struct bpd_sock *bpd_sock_new(int family, int type, int nonblock)
 {
 	struct bpd_sock *s = calloc(1, sizeof(*s));
 	if (!s)
@@ -54,6 +54,7 @@ struct bpd_sock *bpd_sock_new(int family, int nonblock)
 	s->aliases = 1;
 	s->state = BPD_PENDING;
 	s->family = family;
+	s->type = type;
 	s->nonblock = nonblock;
 	s->rxfd = s->txfd = s->doorbell = -1;
 	pthread_mutex_init(&s->mu, NULL);
@@ -145,7 +146,7 @@ static int wait_cancellable(int fd, int64_t timeout_us, void (*cleanup)(void *),
 	return w;
 }
 
-static int usable(struct bpd_sock *s)
+int bpd_sock_usable(struct bpd_sock *s)
 {
 	if (atomic_load(&s->forked))
 		return EBADFD;
@@ -172,7 +173,7 @@ void bpd_sock_break(struct bpd_sock *s, int err)
 /* ---- control requests about this socket ---- */
 
 /* request runs one request; 0, the daemon's errno, or a transport errno. */
-static int request(struct bpd_sock *s, uint8_t *msg, size_t len, struct bpd_reply *r)
+int bpd_sock_request(struct bpd_sock *s, uint8_t *msg, size_t len, struct bpd_reply *r)
 {
 	int err = bpd_call(s->sess, msg, len, r);
 	if (err)
@@ -192,7 +193,7 @@ static int daemon_setsockopt(struct bpd_sock *s, int level, int name, const void
 	uint8_t m[BPD_MSG_MAX];
 	struct bpd_reply r;
 	size_t l = bpd_enc_setsockopt(m, 0, s->id, level, name, val, len);
-	return request(s, m, l, &r);
+	return bpd_sock_request(s, m, l, &r);
 }
 
 static int is_membership(int level, int name)
@@ -280,7 +281,7 @@ static int attach_v1(struct bpd_sock *s, struct bpd_reply *r)
 	s->rxfd = r->fds[BPD_FD_RXWAIT];
 	s->txfd = r->fds[BPD_FD_TXWAIT];
 	s->doorbell = r->fds[BPD_FD_DOORBELL];
-	s->max_payload = s->tx.max_payload - BPD_DGRAM_HDR;
+	s->max_payload = s->tx.max_payload - (s->type == SOCK_STREAM ? 0 : BPD_DGRAM_HDR);
 	return 0;
 }
 
@@ -313,17 +314,16 @@ static int attach_v2(struct bpd_sock *s, struct bpd_reply *r)
 		return err;
 	s->slot = o.slot;
 	s->lane = o.lane;
-	s->max_payload = s->tx.max_payload - BPD_DGRAM_HDR;
+	s->max_payload = s->tx.max_payload - (s->type == SOCK_STREAM ? 0 : BPD_DGRAM_HDR);
 	bpd_session_register(s->sess, s->slot, s);
 	return 0;
 }
 
-static int attach(struct bpd_sock *s, struct bpd_reply *r)
+int bpd_sock_attach(struct bpd_sock *s, struct bpd_reply *r)
 {
 	return bpd_session_version(s->sess) == 2 ? attach_v2(s, r) : attach_v1(s, r);
 }
 
-static void rx_rearm(struct bpd_sock *s);
 
 /* replay sends the options saved while the socket was pending: memberships
  * (pass 1) or the others (pass 0). A refusal is logged, not fatal: the
@@ -351,7 +351,7 @@ int bpd_sock_offload(struct bpd_sock *s, const struct bpd_addr *local, const str
 		return errno ? errno : ECONNREFUSED;
 	uint8_t m[BPD_MSG_MAX];
 	struct bpd_reply r;
-	size_t l = bpd_enc_open(m, 0, (uint16_t)s->family, queue_bytes_for(s));
+	size_t l = bpd_enc_open(m, 0, (uint16_t)s->family, s->type, queue_bytes_for(s));
 	int err = bpd_call(sess, m, l, &r);
 	if (!err && (r.h.code != (BPD_OPEN | BPD_REPLY_BIT) || (r.h.status == 0 && !r.h.socket)))
 		err = EPROTO;
@@ -365,14 +365,14 @@ int bpd_sock_offload(struct bpd_sock *s, const struct bpd_addr *local, const str
 		return err;
 	s->sess = sess;
 	s->id = r.h.socket;
-	if ((err = attach(s, &r))) {
+	if ((err = bpd_sock_attach(s, &r))) {
 		if (s->rxfd >= 0)
 			bpd_sys_close(s->rxfd);
 		if (s->txfd >= 0)
 			bpd_sys_close(s->txfd);
 		s->rxfd = s->txfd = -1;
 		l = bpd_enc_close(m, 0, s->id);
-		(void)request(s, m, l, &r);
+		(void)bpd_sock_request(s, m, l, &r);
 		s->sess = NULL;
 		return err;
 	}
@@ -384,7 +384,10 @@ int bpd_sock_offload(struct bpd_sock *s, const struct bpd_addr *local, const str
 	if (s->family == AF_INET)
 		any.addr[10] = any.addr[11] = 0xff;
 	const struct bpd_addr *la = local ? local : &any;
-	l = bpd_enc_addrport(m, BPD_BIND, 0, s->id, la, s->reuseaddr ? BPD_BIND_REUSEADDR : 0);
+	/* A stream socket's BIND takes no flags (SO_REUSEADDR means nothing
+	 * for a port the daemon reserves for one socket). */
+	l = bpd_enc_addrport(m, BPD_BIND, 0, s->id, la,
+			     s->reuseaddr && s->type != SOCK_STREAM ? BPD_BIND_REUSEADDR : 0);
 	err = bpd_call(sess, m, l, &r);
 	if (!err && r.h.status) {
 		err = r.h.status;
@@ -398,17 +401,22 @@ int bpd_sock_offload(struct bpd_sock *s, const struct bpd_addr *local, const str
 	}
 	if (!err && remote) {
 		l = bpd_enc_addrport(m, BPD_CONNECT, 0, s->id, remote, 0);
-		err = request(s, m, l, &r);
+		err = bpd_sock_request(s, m, l, &r);
 		if (!err) {
 			s->raddr = *remote;
-			s->connected = 1;
+			/* A stream socket's handshake has only started: its end
+			 * comes as an event (stream.c). */
+			if (s->type == SOCK_STREAM)
+				atomic_store(&s->connecting, 1);
+			else
+				s->connected = 1;
 		} else if (err != ETIMEDOUT && err != ECONNRESET) {
 			*stage = BPD_STAGE_ADDR;
 		}
 	}
 	if (err) {
 		l = bpd_enc_close(m, 0, s->id);
-		(void)request(s, m, l, &r);
+		(void)bpd_sock_request(s, m, l, &r);
 		unmap(s);
 		s->sess = NULL;
 		s->bound = 0;
@@ -416,21 +424,21 @@ int bpd_sock_offload(struct bpd_sock *s, const struct bpd_addr *local, const str
 		return err;
 	}
 	pthread_mutex_lock(&s->rxmu);
-	rx_rearm(s);
+	bpd_sock_rx_rearm(s);
 	pthread_mutex_unlock(&s->rxmu);
 	return 0;
 }
 
 int bpd_sock_connect(struct bpd_sock *s, const struct bpd_addr *remote)
 {
-	int err = usable(s);
+	int err = bpd_sock_usable(s);
 	if (err)
 		return err;
 	uint8_t m[BPD_MSG_MAX];
 	struct bpd_reply r;
 	size_t l = bpd_enc_addrport(m, BPD_CONNECT, 0, s->id, remote, 0);
 	pthread_mutex_lock(&s->mu);
-	err = request(s, m, l, &r);
+	err = bpd_sock_request(s, m, l, &r);
 	if (!err) {
 		s->raddr = *remote;
 		s->connected = !bpd_addr_is_zero(remote);
@@ -439,15 +447,13 @@ int bpd_sock_connect(struct bpd_sock *s, const struct bpd_addr *remote)
 	return err;
 }
 
-/* bpd_sock_flush waits (up to 1 s) until the engine has taken every
- * datagram queued for sending: a kernel socket's send has handed the
- * datagram on when it returns, and a program that sends and exits (or
- * closes) expects it to leave. The daemon drops a closed socket's queue. */
-void bpd_sock_flush(struct bpd_sock *s)
+/* drain waits (up to timeout_us) until the daemon has taken everything
+ * queued for sending. */
+static void drain(struct bpd_sock *s, int64_t timeout_us)
 {
 	if (s->state != BPD_OFFLOADED || atomic_load(&s->forked) || atomic_load(&s->broken) || !s->tx.prod)
 		return;
-	int64_t end = bpd_now_us() + 1000000;
+	int64_t end = bpd_now_us() + timeout_us;
 	while (atomic_load_explicit(s->tx.cons, memory_order_acquire) !=
 		       atomic_load_explicit(s->tx.prod, memory_order_acquire) &&
 	       bpd_now_us() < end && !bpd_session_dead(s->sess)) {
@@ -456,18 +462,51 @@ void bpd_sock_flush(struct bpd_sock *s)
 	}
 }
 
+/* bpd_sock_flush waits (up to 1 s) for a datagram socket's queue: a kernel
+ * socket's send has handed the datagram on when it returns, and a program
+ * that sends and exits (or closes) expects it to leave. The daemon drops a
+ * closed datagram socket's queue (a stream's it still sends). */
+void bpd_sock_flush(struct bpd_sock *s)
+{
+	if (s->type != SOCK_STREAM)
+		drain(s, 1000000);
+}
+
+void bpd_sock_at_exit(struct bpd_sock *s)
+{
+	if (s->type != SOCK_STREAM) {
+		bpd_sock_flush(s);
+		return;
+	}
+	/* A process that exits closes its connections the orderly way (FIN
+	 * after the queued bytes), as the kernel does; the daemon resets the
+	 * connections of a session that ends without CLOSE. */
+	if (s->state != BPD_OFFLOADED || atomic_load(&s->forked) || !s->sess || bpd_session_dead(s->sess))
+		return;
+	uint8_t m[BPD_MSG_MAX];
+	struct bpd_reply r;
+	size_t l = bpd_enc_close(m, 0, s->id);
+	(void)bpd_sock_request(s, m, l, &r);
+}
+
 void bpd_sock_release(struct bpd_sock *s)
 {
 	if (s->state != BPD_OFFLOADED)
 		return;
-	bpd_sock_flush(s);
+	if (s->type != SOCK_STREAM)
+		bpd_sock_flush(s);
+	else if (s->linger_on && s->linger_secs > 0)
+		/* SO_LINGER with a timeout: close waits (that long at most) until
+		 * the daemon took the queued bytes; without it the daemon still
+		 * sends them after CLOSE, as the kernel does after close(2). */
+		drain(s, (int64_t)s->linger_secs * 1000000);
 	if (s->sess && bpd_session_version(s->sess) == 2)
 		bpd_session_register(s->sess, s->slot, NULL); /* no event reaches it from here on */
 	if (!atomic_load(&s->forked) && s->sess && !bpd_session_dead(s->sess)) {
 		uint8_t m[BPD_MSG_MAX];
 		struct bpd_reply r;
 		size_t l = bpd_enc_close(m, 0, s->id);
-		(void)request(s, m, l, &r);
+		(void)bpd_sock_request(s, m, l, &r);
 	}
 	unmap(s);
 	s->state = 0;
@@ -475,7 +514,7 @@ void bpd_sock_release(struct bpd_sock *s)
 
 int bpd_sock_shutdown(struct bpd_sock *s, int how)
 {
-	int err = usable(s);
+	int err = bpd_sock_usable(s);
 	if (err)
 		return err;
 	if (how < SHUT_RD || how > SHUT_RDWR)
@@ -495,7 +534,7 @@ int bpd_sock_shutdown(struct bpd_sock *s, int how)
 /* kick publishes what was queued and wakes the engine if it asked: the
  * socket's doorbell (version 1), or an announce on its lane, which rings
  * the lane's doorbell only if the engine sleeps (version 2). */
-static void kick(struct bpd_sock *s)
+void bpd_sock_kick(struct bpd_sock *s)
 {
 	if (!bpq_publish(&s->tx))
 		return;
@@ -506,10 +545,10 @@ static void kick(struct bpd_sock *s)
 }
 
 /* wait_room waits for room for an n-byte record in the TX queue. */
-static int wait_room(struct bpd_sock *s, uint32_t n, int64_t deadline)
+int bpd_sock_wait_room(struct bpd_sock *s, uint32_t n, int64_t deadline)
 {
 	for (;;) {
-		int err = usable(s);
+		int err = bpd_sock_usable(s);
 		if (err)
 			return err;
 		if (bpq_arm_write_wait(&s->tx, n)) {
@@ -535,7 +574,7 @@ static int wait_room(struct bpd_sock *s, uint32_t n, int64_t deadline)
 	}
 }
 
-static int64_t deadline_of(_Atomic int64_t *timeo)
+int64_t bpd_deadline_of(_Atomic int64_t *timeo)
 {
 	int64_t t = atomic_load(timeo);
 	return t ? bpd_now_us() + t : 0;
@@ -577,10 +616,10 @@ static int put(struct bpd_sock *s, const struct msghdr *m, const struct bpd_addr
 		}
 		if (q == BPQ_TOOBIG)
 			return EMSGSIZE;
-		kick(s); /* let the engine see what is queued, then wait */
+		bpd_sock_kick(s); /* let the engine see what is queued, then wait */
 		if (nonblock)
 			return EAGAIN;
-		int err = wait_room(s, (uint32_t)(BPD_DGRAM_HDR + len), deadline);
+		int err = bpd_sock_wait_room(s, (uint32_t)(BPD_DGRAM_HDR + len), deadline);
 		if (err)
 			return err;
 	}
@@ -611,7 +650,7 @@ static size_t iov_len(const struct msghdr *m)
 static int send_batch(struct bpd_sock *s, const struct msghdr *const *v, unsigned n,
 		      unsigned *lens, int flags)
 {
-	int err = usable(s);
+	int err = bpd_sock_usable(s);
 	if (!err && atomic_load(&s->shut_wr))
 		err = EPIPE;
 	if (err) {
@@ -619,7 +658,7 @@ static int send_batch(struct bpd_sock *s, const struct msghdr *const *v, unsigne
 		return -1;
 	}
 	int nonblock = (flags & MSG_DONTWAIT) || atomic_load(&s->nonblock);
-	int64_t deadline = deadline_of(&s->sndtimeo_us);
+	int64_t deadline = bpd_deadline_of(&s->sndtimeo_us);
 	unsigned done = 0;
 	pthread_mutex_lock(&s->txmu);
 	for (; done < n; done++) {
@@ -637,7 +676,7 @@ static int send_batch(struct bpd_sock *s, const struct msghdr *const *v, unsigne
 		if (lens)
 			lens[done] = (unsigned)len;
 	}
-	kick(s);
+	bpd_sock_kick(s);
 	pthread_mutex_unlock(&s->txmu);
 	if (done == 0 && err) {
 		if (err == EPIPE && !(flags & MSG_NOSIGNAL))
@@ -682,7 +721,7 @@ int bpd_sock_sendmmsg(struct bpd_sock *s, struct mmsghdr *v, unsigned n, int fla
 /* rx_rearm is called (RX lock held) when the RX queue was found empty: it
  * makes the eventfd unreadable and arms "consumer waiting" for the next
  * datagram, unless one arrived meanwhile (then the eventfd stays readable). */
-static void rx_rearm(struct bpd_sock *s)
+void bpd_sock_rx_rearm(struct bpd_sock *s)
 {
 	/* Always read, in both versions: the producer writes the eventfd after
 	 * it cleared "waiting", so a write for a datagram already received can
@@ -798,7 +837,7 @@ static ssize_t recv_one(struct bpd_sock *s, struct msghdr *m, int flags, int wai
 {
 	int64_t spin_until = -1;
 	for (;;) {
-		int err = usable(s);
+		int err = bpd_sock_usable(s);
 		if (err) {
 			errno = err;
 			return -1;
@@ -813,11 +852,9 @@ static ssize_t recv_one(struct bpd_sock *s, struct msghdr *m, int flags, int wai
 			if (n != -2 && (flags & MSG_PEEK))
 				return n;
 			bpq_advance(&s->rx);
-			/* Version 2: the daemon never waits for RX room. */
-			if (bpq_release(&s->rx) && s->doorbell >= 0)
-				bpd_eventfd_wake(s->doorbell);
+			bpd_sock_rx_release(s);
 			if (!bpq_readable(&s->rx))
-				rx_rearm(s);
+				bpd_sock_rx_rearm(s);
 			if (n == -2)
 				continue;
 			return n;
@@ -827,43 +864,55 @@ static ssize_t recv_one(struct bpd_sock *s, struct msghdr *m, int flags, int wai
 			bpd_sock_break(s, EIO);
 			continue;
 		}
-		rx_rearm(s);
+		bpd_sock_rx_rearm(s);
 		if (bpq_readable(&s->rx))
 			continue;
 		if (!wait) {
 			errno = EAGAIN;
 			return -1;
 		}
-		/* Spin first, as BYPASSD_RX_POLL (or the daemon) says. */
-		int poll_us = bpd_session_poll_us(s->sess);
-		if (poll_us != 0) {
-			int64_t now = bpd_now_us();
-			if (spin_until < 0)
-				spin_until = poll_us < 0 ? INT64_MAX : now + poll_us;
-			if (now < spin_until && (!deadline || now < deadline)) {
-				for (int i = 0; i < 64 && !bpq_readable(&s->rx); i++)
-					cpu_relax();
-				continue;
-			}
-		}
-		int64_t left = -1;
-		if (deadline) {
-			left = deadline - bpd_now_us();
-			if (left <= 0) {
-				errno = EAGAIN;
-				return -1;
-			}
-		}
-		int w = wait_cancellable(s->rxfd, left, cancelled_rx, s);
-		if (w < 0 && errno == EINTR)
+		if ((err = bpd_sock_rx_wait(s, &spin_until, deadline))) {
+			errno = err;
 			return -1;
+		}
 	}
+}
+
+void bpd_sock_rx_release(struct bpd_sock *s)
+{
+	/* Version 2: the daemon never waits for RX room (no doorbell). */
+	if (bpq_release(&s->rx) && s->doorbell >= 0)
+		bpd_eventfd_wake(s->doorbell);
+}
+
+int bpd_sock_rx_wait(struct bpd_sock *s, int64_t *spin_until, int64_t deadline)
+{
+	/* Spin first, as BYPASSD_RX_POLL (or the daemon) says. */
+	int poll_us = bpd_session_poll_us(s->sess);
+	if (poll_us != 0) {
+		int64_t now = bpd_now_us();
+		if (*spin_until < 0)
+			*spin_until = poll_us < 0 ? INT64_MAX : now + poll_us;
+		if (now < *spin_until && (!deadline || now < deadline)) {
+			for (int i = 0; i < 64 && !bpq_readable(&s->rx); i++)
+				cpu_relax();
+			return 0;
+		}
+	}
+	int64_t left = -1;
+	if (deadline) {
+		left = deadline - bpd_now_us();
+		if (left <= 0)
+			return EAGAIN;
+	}
+	int w = wait_cancellable(s->rxfd, left, cancelled_rx, s);
+	return w < 0 && errno == EINTR ? EINTR : 0;
 }
 
 ssize_t bpd_sock_recv(struct bpd_sock *s, struct msghdr *m, int flags)
 {
 	int wait = !(flags & MSG_DONTWAIT) && !atomic_load(&s->nonblock);
-	int64_t deadline = deadline_of(&s->rcvtimeo_us);
+	int64_t deadline = bpd_deadline_of(&s->rcvtimeo_us);
 	pthread_mutex_lock(&s->rxmu);
 	ssize_t n = recv_one(s, m, flags, wait, deadline);
 	pthread_mutex_unlock(&s->rxmu);
@@ -874,7 +923,7 @@ int bpd_sock_recvmmsg(struct bpd_sock *s, struct mmsghdr *v, unsigned n, int fla
 		      struct timespec *timeout)
 {
 	int wait = !(flags & MSG_DONTWAIT) && !atomic_load(&s->nonblock);
-	int64_t deadline = deadline_of(&s->rcvtimeo_us);
+	int64_t deadline = bpd_deadline_of(&s->rcvtimeo_us);
 	if (timeout) {
 		int64_t t = bpd_now_us() + timeout->tv_sec * 1000000 + timeout->tv_nsec / 1000;
 		if (!deadline || t < deadline)
@@ -901,7 +950,7 @@ int bpd_sock_recvmmsg(struct bpd_sock *s, struct mmsghdr *v, unsigned n, int fla
 
 int bpd_sock_fionread(struct bpd_sock *s, int *out)
 {
-	int err = usable(s);
+	int err = bpd_sock_usable(s);
 	if (err)
 		return err;
 	pthread_mutex_lock(&s->rxmu);
@@ -932,7 +981,7 @@ static int group_request(struct bpd_sock *s, int join, const struct sockaddr *g,
 	uint8_t m[BPD_MSG_MAX];
 	struct bpd_reply r;
 	size_t l = bpd_enc_group(m, join ? BPD_JOIN : BPD_LEAVE, 0, s->id, ga.addr, sa.addr, ifindex);
-	return request(s, m, l, &r);
+	return bpd_sock_request(s, m, l, &r);
 }
 
 static void sin4(struct sockaddr_in *a, struct in_addr ip)
@@ -985,10 +1034,16 @@ static int membership(struct bpd_sock *s, int level, int name, const void *val, 
 			     (const struct sockaddr *)&gs->gsr_source, gs->gsr_interface);
 }
 
-/* Options a kernel UDP socket takes that change nothing bypassd does:
- * accepted (and logged at info) so that programs setting them keep working. */
-static int ignorable(int level, int name)
+/* Options a kernel socket takes that change nothing bypassd does:
+ * accepted (and logged at info) so that programs setting them keep working.
+ * A stream socket's keepalive and linger are the daemon's (its TCP stack). */
+static int ignorable(const struct bpd_sock *s, int level, int name)
 {
+	if (level == SOL_SOCKET && s->type == SOCK_STREAM &&
+	    (name == SO_KEEPALIVE || name == SO_LINGER))
+		return 0;
+	if (level == SOL_SOCKET && s->type == SOCK_STREAM && name == SO_REUSEADDR)
+		return 1; /* the daemon reserves a stream socket's port for it alone */
 	if (level == SOL_SOCKET)
 		return name == SO_BROADCAST || name == SO_REUSEPORT || name == SO_DONTROUTE || name == SO_RCVLOWAT || name == SO_SNDLOWAT ||
 		       name == SO_NO_CHECK || name == SO_BUSY_POLL || name == SO_BINDTODEVICE ||
@@ -1080,11 +1135,11 @@ int bpd_sock_setsockopt(struct bpd_sock *s, int level, int name, const void *val
 			s->nsaved++;
 		return 0;
 	}
-	if ((err = usable(s)))
+	if ((err = bpd_sock_usable(s)))
 		return err;
 	if (is_membership(level, name))
 		return membership(s, level, name, val, len);
-	if (ignorable(level, name)) {
+	if (ignorable(s, level, name)) {
 		BPD_LOG(BPD_LOG_INFO, "socket %u: option %d/%d has no effect on an offloaded socket", s->id,
 			level, name);
 		return 0;
@@ -1105,13 +1160,19 @@ int bpd_sock_setsockopt(struct bpd_sock *s, int level, int name, const void *val
 	} else {
 		err = daemon_setsockopt(s, level, name, val, l);
 	}
+	if (!err && level == SOL_SOCKET && name == SO_LINGER && l >= sizeof(struct linger)) {
+		struct linger lg;
+		memcpy(&lg, val, sizeof(lg));
+		s->linger_on = lg.l_onoff != 0;
+		s->linger_secs = lg.l_linger;
+	}
 	if (!err && level == SOL_SOCKET && (name == SO_TIMESTAMPING || name == SO_TIMESTAMPING_NEW) &&
 	    !opt_int(val, len, &v))
 		atomic_store(&s->tsflags, (uint32_t)v);
 	return err;
 }
 
-static int put_opt(void *val, socklen_t *len, const void *data, socklen_t dlen)
+int bpd_put_opt(void *val, socklen_t *len, const void *data, socklen_t dlen)
 {
 	if (!len)
 		return EINVAL;
@@ -1124,46 +1185,47 @@ static int put_opt(void *val, socklen_t *len, const void *data, socklen_t dlen)
 
 int bpd_sock_getsockopt(struct bpd_sock *s, int level, int name, void *val, socklen_t *len)
 {
-	int v;
+	int v, err;
 	struct timeval tv;
+	if (s->type == SOCK_STREAM && bpd_stream_getsockopt(s, level, name, val, len, &err))
+		return err;
 	if (level == SOL_SOCKET) {
 		switch (name) {
 		case SO_TYPE:
-			v = SOCK_DGRAM;
-			return put_opt(val, len, &v, sizeof(v));
+			v = s->type;
+			return bpd_put_opt(val, len, &v, sizeof(v));
 		case SO_DOMAIN:
 			v = s->family;
-			return put_opt(val, len, &v, sizeof(v));
+			return bpd_put_opt(val, len, &v, sizeof(v));
 		case SO_PROTOCOL:
-			v = IPPROTO_UDP;
-			return put_opt(val, len, &v, sizeof(v));
+			v = s->type == SOCK_STREAM ? IPPROTO_TCP : IPPROTO_UDP;
+			return bpd_put_opt(val, len, &v, sizeof(v));
 		case SO_ERROR:
 		case SO_ACCEPTCONN:
 			v = 0;
-			return put_opt(val, len, &v, sizeof(v));
+			return bpd_put_opt(val, len, &v, sizeof(v));
 		case SO_RCVTIMEO:
 		case SO_SNDTIMEO: {
 			int64_t t = atomic_load(name == SO_RCVTIMEO ? &s->rcvtimeo_us : &s->sndtimeo_us);
 			tv.tv_sec = t / 1000000;
 			tv.tv_usec = t % 1000000;
-			return put_opt(val, len, &tv, sizeof(tv));
+			return bpd_put_opt(val, len, &tv, sizeof(tv));
 		}
 		case SO_TIMESTAMPNS:
 			v = atomic_load(&s->ts_ns);
-			return put_opt(val, len, &v, sizeof(v));
+			return bpd_put_opt(val, len, &v, sizeof(v));
 		case SO_TIMESTAMP:
 			v = atomic_load(&s->ts_us);
-			return put_opt(val, len, &v, sizeof(v));
+			return bpd_put_opt(val, len, &v, sizeof(v));
 		}
 	}
-	int err = usable(s);
-	if (err)
+	if ((err = bpd_sock_usable(s)))
 		return err;
 	uint8_t m[BPD_MSG_MAX], value[64];
 	uint32_t vlen;
 	struct bpd_reply r;
 	size_t l = bpd_enc_getsockopt(m, 0, s->id, level, name);
-	if ((err = request(s, m, l, &r)))
+	if ((err = bpd_sock_request(s, m, l, &r)))
 		return err;
 	if (bpd_dec_sockopt_val(r.body, r.body_len, value, &vlen))
 		return EPROTO;
@@ -1174,16 +1236,16 @@ int bpd_sock_getsockopt(struct bpd_sock *s, int level, int name, void *val, sock
 		memcpy(&kbps, value, 4);
 		uint64_t bps = (uint64_t)kbps * 125;
 		if (*len == 8)
-			return put_opt(val, len, &bps, 8);
+			return bpd_put_opt(val, len, &bps, 8);
 		uint32_t b32 = kbps == 0 ? 0xFFFFFFFFu : bps > 0xFFFFFFFFu ? 0xFFFFFFFFu : (uint32_t)bps;
-		return put_opt(val, len, &b32, 4);
+		return bpd_put_opt(val, len, &b32, 4);
 	}
 	if (len && *len == 1 && vlen == 4) {
 		/* A char-sized read of an int option (IP_MULTICAST_TTL/LOOP). */
 		uint8_t c = value[0];
-		return put_opt(val, len, &c, 1);
+		return bpd_put_opt(val, len, &c, 1);
 	}
-	return put_opt(val, len, value, (socklen_t)vlen);
+	return bpd_put_opt(val, len, value, (socklen_t)vlen);
 }
 
 /* ---- daemon events ---- */

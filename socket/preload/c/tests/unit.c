@@ -76,7 +76,7 @@ static void test_encoders(void)
 {
 	uint8_t b[BPD_MSG_MAX];
 	same("hello", b, bpd_enc_hello(b, 1, "golden-prog", version));
-	same("open", b, bpd_enc_open(b, 7, AF_INET6, 65536));
+	same("open", b, bpd_enc_open(b, 7, AF_INET6, SOCK_DGRAM, 65536));
 	struct bpd_addr a = v4("192.0.2.1", 5000);
 	same("bind", b, bpd_enc_addrport(b, BPD_BIND, 0x01020304, 9, &a, BPD_BIND_REUSEADDR));
 	a = v6("2001:db8::7", 53);
@@ -90,6 +90,9 @@ static void test_encoders(void)
 	uint8_t none[16] = {0};
 	same("leave", b, bpd_enc_group(b, BPD_LEAVE, 9, 3, g.addr, none, 0));
 	same("close", b, bpd_enc_close(b, 10, 3));
+	same("open_stream", b, bpd_enc_open(b, 11, AF_INET, SOCK_STREAM, 0));
+	same("listen", b, bpd_enc_u32(b, BPD_LISTEN, 12, 6, 128));
+	same("accept", b, bpd_enc_u32(b, BPD_ACCEPT, 13, 6, 8192));
 }
 
 static void test_decoders(void)
@@ -128,6 +131,14 @@ static void test_decoders(void)
 	else
 		bad[28] = 1; /* reserved */
 	CHECK(bpd_dec_open_reply(bad, 32, version, &o) == EPROTO, "a bad open reply accepted");
+
+	n = load("msg_accept_reply.bin", b, sizeof(b));
+	struct bpd_addr peer, local, wp = v4("192.0.2.1", 40001), wl = v4("192.0.2.2", 80);
+	CHECK(!bpd_dec_hdr(b, n, &h) && h.socket == 7 && h.code == (BPD_ACCEPT | BPD_REPLY_BIT) &&
+		      !bpd_dec_accept_reply(b + 16, n - 16, version, &o, &peer, &local) &&
+		      o.queue_bytes == 4096 && o.rx_offset == 20480 && !memcmp(&peer, &wp, sizeof(peer)) &&
+		      !memcmp(&local, &wl, sizeof(local)),
+	      "accept reply");
 
 	n = load("msg_bind_reply.bin", b, sizeof(b));
 	struct bpd_addr a, want = v6("2001:db8::7", 40000);

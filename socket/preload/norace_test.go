@@ -1,0 +1,5 @@
+//go:build !race
+
+package preload
+
+const raceEnabled = false
