@@ -6,8 +6,9 @@ GOFLAGS  ?=
 PKGS     := ./...
 BIN      := bin
 # Debian packages the tests, demo and benchmarks use (podman, buildah and
-# runc for the container test, deploy/image).
-APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev prometheus gcc libc6-dev make python3 podman buildah runc
+# runc for the container test, deploy/image; iperf3 and curl for the
+# preload library's TCP tests).
+APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev prometheus gcc libc6-dev make python3 podman buildah runc iperf3 curl
 TEST_TIMEOUT ?= 14m
 
 .PHONY: all deps build build-verbs test bench soak demo generate check-generated lint fmt clean deb test-deb image

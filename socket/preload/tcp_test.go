@@ -133,8 +133,8 @@ func waitListening(t *testing.T, ns *netlab.NS, addr netip.AddrPort, log fmt.Str
 // TestTCPProgram runs c/tests/tcp.c (an ordinary C program, ASan and
 // UBSan) under the library against kernel peers in B: connect blocking
 // and not, ECONNREFUSED, transfers 1 B .. 16 MiB byte-exact, half-close,
-// SO_LINGER 0 (the peer sees a reset), epoll, accept4 flags, options,
-// fork.
+// SO_LINGER 0 (the peer sees a reset), a reset by the peer, epoll and
+// poll with EPOLLRDHUP/EPOLLHUP, accept4 flags, options, fork.
 func TestTCPProgram(t *testing.T) {
 	l := newTCPLab(t)
 	prog := buildTCP(t)
@@ -165,6 +165,10 @@ func TestTCPProgram(t *testing.T) {
 		}
 		_, _ = ctl.Write([]byte(callbackVerdict(l.p.B.NS, netip.AddrPortFrom(l.p.A.Addr4(), uint16(port)))))
 	})
+	reset := serveTCP(t, l.p.B.NS, b, func(c net.Conn) {
+		_ = c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	})
 	max := 16 << 20
 	if raceEnabled {
 		max = 4 << 20 // the daemon runs under the race detector
@@ -175,7 +179,7 @@ func TestTCPProgram(t *testing.T) {
 	port := func(a netip.AddrPort) string { return strconv.Itoa(int(a.Port())) }
 	out, err := l.preloaded(ctx, []string{"ASAN_OPTIONS=verify_asan_link_order=0"}, prog,
 		l.p.A.Addr4().String(), b.String(), port(echo), strconv.Itoa(closedPort), port(sink), port(callback),
-		strconv.Itoa(max)).CombinedOutput()
+		port(reset), strconv.Itoa(max)).CombinedOutput()
 	t.Logf("%s", out)
 	if err != nil {
 		t.Fatalf("tcp test program: %v", err)
@@ -303,16 +307,16 @@ func TestIperf3TCP(t *testing.T) {
 		mult := map[string]float64{"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[string(m[2])]
 		return uint64(v * mult)
 	}
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		name      string
 		serverInA bool
 		reverse   bool
 	}{{"client", false, false}, {"client-reverse", false, true}, {"server", true, false}, {"server-reverse", true, true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			port := "5301"
+			port := strconv.Itoa(5301 + i) // a port per run: the last run's connections may be in TIME_WAIT
 			srvAddr := b
 			if tc.serverInA {
-				srvAddr, port = a, "5302"
+				srvAddr = a
 			}
 			sctx, scancel := context.WithCancel(context.Background())
 			defer scancel()

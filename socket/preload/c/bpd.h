@@ -10,6 +10,9 @@
  *   log.c     BYPASSD_LOG_LEVEL / BYPASSD_LOG_FILE
  *   session.c the control connection and its monitor thread
  *   sock.c    one offloaded socket: open, send, receive, wait, options
+ *   stream.c  what a stream (TCP) socket adds: connect, listen, accept,
+ *             the byte stream and its events
+ *   mux.c     poll/epoll: the events an eventfd cannot carry (RDHUP, HUP, ERR)
  *   intercept.c  the libc entry points and the fd table
  */
 #ifndef BPD_H
@@ -383,8 +386,8 @@ struct bpd_sock {
 	 * lock's; the flags are atomic because senders read them. */
 	_Atomic int listening, connecting;
 	_Atomic int conn_err;  /* SO_ERROR: the failed handshake's or reset's errno, until read */
-	int rd_eof;            /* the peer's FIN (or a reported error) was consumed */
-	int rd_err;            /* an ERROR record consumed, not reported by a read yet */
+	_Atomic int rd_eof;    /* the peer's FIN (or a reported error) was consumed */
+	_Atomic int rd_err;    /* an ERROR record consumed, not reported by a read yet */
 	uint32_t rx_off;       /* bytes of the head data record already read */
 	int linger_on, linger_secs;
 };
@@ -448,6 +451,12 @@ BPD_HIDDEN int bpd_stream_fionread(struct bpd_sock *s, int *out);
 BPD_HIDDEN int bpd_stream_getsockopt(struct bpd_sock *s, int level, int name, void *val,
 				     socklen_t *len, int *err);
 /* Takes a connecting socket's outcome if it arrived (getsockname, ...). */
+/* bpd_stream_events: what poll/epoll add for the stream socket beyond the
+ * eventfd's readiness: EPOLLRDHUP, EPOLLHUP, EPOLLERR (their POLL*
+ * values are the same bits). From flags only: never takes a lock. */
+BPD_HIDDEN uint32_t bpd_stream_events(struct bpd_sock *s);
+/* mux.c: forget the epoll registrations of a descriptor being closed. */
+BPD_HIDDEN void bpd_mux_closed(int fd);
 BPD_HIDDEN void bpd_stream_settle(struct bpd_sock *s);
 
 /* Wakes every thread blocked on the socket (close, daemon gone). */

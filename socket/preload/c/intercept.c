@@ -591,6 +591,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 EXPORT int close(int fd)
 {
 	ENSURE(close);
+	bpd_mux_closed(fd); /* one load unless epoll holds stream sockets (mux.c) */
 	if (!tracked(fd))
 		return real_close(fd);
 	struct bpd_sock *s = slot_set(fd, NULL);

@@ -19,6 +19,7 @@
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <time.h>
 
 #include "bpd.h"
@@ -415,8 +416,8 @@ ssize_t bpd_stream_recv(struct bpd_sock *s, struct msghdr *m, int flags)
 			if (n)
 				break;
 			err = s->rd_err; /* reported once; then the stream has ended */
-			s->rd_err = 0;
 			s->rd_eof = 1;
+			s->rd_err = 0;
 			atomic_store(&s->conn_err, 0);
 			break;
 		}
@@ -534,6 +535,21 @@ int bpd_stream_shutdown(struct bpd_sock *s, int how)
 	bpd_sock_kick(s);
 	pthread_mutex_unlock(&s->txmu);
 	return err;
+}
+
+uint32_t bpd_stream_events(struct bpd_sock *s)
+{
+	if (s->state != BPD_OFFLOADED || s->type != SOCK_STREAM)
+		return 0;
+	uint32_t ev = 0;
+	int eof = s->rd_eof || s->rd_err, wr = atomic_load(&s->shut_wr);
+	if (eof || atomic_load(&s->shut_rd))
+		ev |= EPOLLRDHUP | EPOLLIN;
+	if (eof && wr)
+		ev |= EPOLLHUP; /* both directions ended (or reset) */
+	if (atomic_load(&s->conn_err))
+		ev |= EPOLLERR;
+	return ev;
 }
 
 void bpd_stream_settle(struct bpd_sock *s)

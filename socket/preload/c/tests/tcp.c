@@ -2,20 +2,22 @@
  * lab test runs under libbypassd.so, built with ASan and UBSan. Its peers
  * are kernel sockets in the other namespace (the Go test serves them):
  *
- *   tcp LOCAL_IP PEER_IP ECHO_PORT CLOSED_PORT SINK_PORT CALLBACK_PORT [MAX]
+ *   tcp LOCAL_IP PEER_IP ECHO_PORT CLOSED_PORT SINK_PORT CALLBACK_PORT RESET_PORT [MAX]
  *
  * ECHO echoes every byte and half-closes after the client's FIN; nothing
  * listens on CLOSED; SINK reads until the connection ends and the test
  * checks it saw a reset; CALLBACK reads a port number, connects back to
  * LOCAL_IP:port from the kernel, sends 1 MiB, half-closes, reads the echo
- * and answers "ok" or "bad" on the first connection. MAX (default 16 MiB)
+ * and answers "ok" or "bad" on the first connection; RESET accepts and
+ * resets the connection at once (SO_LINGER 0). MAX (default 16 MiB)
  * is the largest transfer.
  *
  * Covers blocking and non-blocking connect (EINPROGRESS, SO_ERROR),
  * ECONNREFUSED, 1 B .. 16 MiB byte-exact both ways (write/read, writev/
  * readv, sendmsg/recvmsg), partial non-blocking writes, MSG_PEEK,
  * MSG_DONTWAIT, MSG_WAITALL, shutdown(SHUT_WR) with EOF to the reader,
- * epoll readiness (data, EOF), SO_LINGER 0 -> RST, listen + accept4 flags,
+ * epoll and poll readiness (data, EOF with EPOLLRDHUP and EPOLLHUP, a
+ * reset: ECONNRESET once, then EOF and EPIPE), SO_LINGER 0 -> RST, listen + accept4 flags,
  * getsockname/getpeername, the TCP options, and fork (the child's
  * inherited socket fails with EBADFD). Prints "ok NAME" per check and
  * "bytes N" (sent through the library); exits 1 on a failure. */
@@ -49,7 +51,7 @@
 		}                                                                              \
 	} while (0)
 
-static struct sockaddr_in local, echo_addr, closed_addr, sink_addr, callback_addr;
+static struct sockaddr_in local, echo_addr, closed_addr, sink_addr, callback_addr, reset_addr;
 static long long bytes_sent;
 static size_t max_transfer = 16 << 20;
 
@@ -283,7 +285,12 @@ static void test_nonblocking_and_epoll(void)
 	CHECK(got == target, "echoed %zu of %zu", got, target);
 	/* At the end of the stream the descriptor stays readable (as a kernel
 	 * socket's): epoll reports it again, read returns 0 again. */
-	CHECK(epoll_wait(ep, out, 4, 1000) == 1 && (out[0].events & EPOLLIN), "EPOLLIN at EOF");
+	uint32_t want = EPOLLIN | EPOLLRDHUP | EPOLLHUP; /* FIN both ways */
+	CHECK(epoll_wait(ep, out, 4, 1000) == 1 && (out[0].events & want) == want, "EPOLLIN|RDHUP|HUP at EOF: %#x",
+	      out[0].events);
+	struct pollfd pr = {fd, POLLIN | POLLRDHUP, 0};
+	CHECK(poll(&pr, 1, 1000) == 1 && (pr.revents & (POLLIN | POLLRDHUP | POLLHUP)) == (POLLIN | POLLRDHUP | POLLHUP),
+	      "poll at EOF: %#x", (unsigned)pr.revents);
 	CHECK(read(fd, rb, 1) == 0, "read at EOF");
 	free(buf);
 	close(ep);
@@ -319,6 +326,25 @@ static void test_reset(void)
 	CHECK(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) == 0, "SO_LINGER {1, 0}");
 	close(fd);
 	ok("close with SO_LINGER 0");
+}
+
+static void test_peer_reset(void)
+{
+	int fd = connect_to(&reset_addr);
+	int ep = epoll_create1(0);
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.u64 = 0x1234567890ull}, out;
+	CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0, "epoll_ctl");
+	CHECK(epoll_wait(ep, &out, 1, 10000) == 1 && out.data.u64 == 0x1234567890ull && (out.events & EPOLLIN),
+	      "EPOLLIN on the reset");
+	char b[8];
+	CHECK(read(fd, b, sizeof(b)) == -1 && errno == ECONNRESET, "read after the peer's reset: ECONNRESET");
+	CHECK(read(fd, b, sizeof(b)) == 0, "then EOF");
+	CHECK(send(fd, "x", 1, MSG_NOSIGNAL) == -1 && errno == EPIPE, "write after a reset: EPIPE");
+	CHECK(epoll_wait(ep, &out, 1, 1000) == 1 && (out.events & (EPOLLHUP | EPOLLRDHUP)) == (EPOLLHUP | EPOLLRDHUP),
+	      "EPOLLHUP|EPOLLRDHUP after the reset: %#x", out.events);
+	close(ep);
+	close(fd);
+	ok("peer reset: ECONNRESET, EOF, EPIPE, EPOLLHUP");
 }
 
 static void test_listen_accept(void)
@@ -422,21 +448,23 @@ static void addr(struct sockaddr_in *a, const char *ip, const char *port)
 
 int main(int argc, char **argv)
 {
-	if (argc != 7 && argc != 8) {
-		fprintf(stderr, "usage: %s LOCAL_IP PEER_IP ECHO CLOSED SINK CALLBACK [MAX]\n", argv[0]);
+	if (argc != 8 && argc != 9) {
+		fprintf(stderr, "usage: %s LOCAL_IP PEER_IP ECHO CLOSED SINK CALLBACK RESET [MAX]\n", argv[0]);
 		return 2;
 	}
-	if (argc == 8)
-		max_transfer = (size_t)atol(argv[7]);
+	if (argc == 9)
+		max_transfer = (size_t)atol(argv[8]);
 	addr(&local, argv[1], "0");
 	addr(&echo_addr, argv[2], argv[3]);
 	addr(&closed_addr, argv[2], argv[4]);
 	addr(&sink_addr, argv[2], argv[5]);
 	addr(&callback_addr, argv[2], argv[6]);
+	addr(&reset_addr, argv[2], argv[7]);
 	test_names_and_options();
 	test_refused();
 	test_nonblocking_and_epoll();
 	test_reset();
+	test_peer_reset();
 	test_listen_accept();
 	test_fork();
 	test_transfers();
