@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/netlab"
 )
@@ -34,7 +34,7 @@ func newTCPLab(t *testing.T) *lab {
 	t.Helper()
 	lib, _ := built(t)
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	srv := daemontest.Start(t, p, daemon.Config{RXPoll: 20 * time.Microsecond, EnginePoll: 20 * time.Microsecond,
+	srv := daemontest.Start(t, p, config.Config{RXPoll: 20 * time.Microsecond, EnginePoll: 20 * time.Microsecond,
 		Frames: 4096, QueueBytes: 256 << 10, Fallback: "none"}, nil)
 	return &lab{p: p, srv: srv, lib: lib}
 }
