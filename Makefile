@@ -11,7 +11,7 @@ BIN      := bin
 APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev prometheus gcc libc6-dev make python3 podman buildah runc iperf3 curl
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all deps build build-verbs test bench soak demo generate check-generated lint fmt clean deb test-deb image
+.PHONY: all deps build build-verbs test test-chart helm-template bench soak demo generate check-generated lint fmt clean deb test-deb image
 
 all: build
 
@@ -41,6 +41,30 @@ test: deps lint check-generated
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 	$(GO) test -tags verbs -race -count=1 ./ring/provider/verbs/...
 	$(GO) test -tags verbs -race -count=1 -run 'Verbs|Provider' ./ring/ ./daemon/ ./daemon/config/
+	$(MAKE) -s test-chart
+
+# test-chart: the Helm chart and deploy/k8s (deploy/chartcheck, a module of
+# its own so the daemon does not depend on Helm): the real helm command's
+# lint --strict and template with the default and the full values, then the
+# tests that lint and render through Helm's Go packages and decode every
+# manifest strictly into the Kubernetes API types. helm is built from the Go
+# module cache (`go tool`); the first run compiles Helm (minutes), later ones
+# take seconds.
+HELM  := $(GO) tool -modfile=deploy/chartcheck/go.mod helm
+CHART := deploy/helm/bypassd
+test-chart:
+	$(HELM) lint --strict $(CHART)
+	$(HELM) lint --strict -f $(CHART)/ci/full-values.yaml $(CHART)
+	$(HELM) template bypassd $(CHART) -n kube-system -f $(CHART)/ci/full-values.yaml >/dev/null
+	cd deploy/chartcheck && $(GO) test -count=1 ./...
+
+# helm-template: the chart's manifests on stdout: the real `helm template`,
+# built from the Go module cache, nothing to install. Helm's options go in
+# HELM_ARGS, e.g.
+#   make -s helm-template HELM_ARGS="-n kube-system --set interfaces={eth2}" | kubectl apply -f -
+HELM_ARGS ?= -n kube-system
+helm-template:
+	@$(HELM) template bypassd $(CHART) $(HELM_ARGS)
 
 bench: deps build
 	scripts/bench.sh
