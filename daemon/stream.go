@@ -151,6 +151,7 @@ func (s *session) streamListen(k *socket, backlog uint32) (netip.AddrPort, error
 		return netip.AddrPort{}, fmt.Errorf("listen: RX queue: %w", err)
 	}
 	local := st.binding.LocalAddr()
+	st.binding.SetReuseAddr(k.reuseAddr)
 	l, err := st.binding.Listen(n)
 	if err != nil {
 		return netip.AddrPort{}, err

@@ -291,7 +291,13 @@ type TCPBinding struct {
 	dsts []netip.Addr
 	port *tcpPort
 	used atomic.Bool
+	// reuseAddr: SO_REUSEADDR for Listen (SetReuseAddr).
+	reuseAddr bool
 }
+
+// SetReuseAddr sets SO_REUSEADDR for Listen: a listener may take a port
+// whose earlier connections still wait in TIME_WAIT (a restarted server).
+func (b *TCPBinding) SetReuseAddr(on bool) { b.reuseAddr = on }
 
 // BindTCP binds addr (an address of the interface, or the unspecified
 // address of a family; port 0 picks a free port) and reserves the port in
@@ -393,7 +399,7 @@ func (b *TCPBinding) Listen(backlog int) (*TCPListener, error) {
 	}
 	l := &TCPListener{r: r, local: b.local, port: b.port, done: make(chan struct{})}
 	var err error
-	if l.l, err = b.s.Listen(b.local, backlog); err != nil {
+	if l.l, err = b.s.Listen(b.local, backlog, b.reuseAddr); err != nil {
 		b.port.unref()
 		return nil, fmt.Errorf("ring %s/%d: listen tcp %v: %w", r.cfg.Interface, r.cfg.Queue, b.local, err)
 	}

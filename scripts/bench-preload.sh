@@ -2,8 +2,10 @@
 # Unmodified sockperf through libbypassd.so vs the same binary on the
 # kernel, in one lab against the same real `sockperf server`: ping-pong
 # p50/p99/p99.9, under-load at MPS msg/s (p50/p99) and throughput msg/s,
-# with bypassd spinning (--rx-poll/--engine-poll POLL µs) and not (0).
-# Also bypass-perf --kernel under-load next to sockperf's (they must agree),
+# with bypassd spinning (--rx-poll/--engine-poll POLL µs) and not (0);
+# then the same over TCP (sockperf --tcp ping-pong and throughput against
+# `sockperf server --tcp`; the library's connection is carried by the
+# daemon's TCP stack), with spinning. Also bypass-perf --kernel under-load next to sockperf's (they must agree),
 # and the library's cost on a call it passes through (callcost). Prints
 # medians of RUNS runs. Needs root and `make build`.
 set -euo pipefail
@@ -77,4 +79,32 @@ awk -v k="$k" -v p="$p" -v ku="$ku" -v pu="$pu" -v kt="$kt" -v pt="$pt" -v bu="$
   printf "throughput preload/kernel %.2f (target >= 2.00)\n", pt/kt
   printf "bypass-perf/sockperf under-load p50 on the kernel: %.2f (target 0.80..1.20)\n", bu/ku
 }'
+# TCP: sockperf --tcp against a kernel `sockperf server --tcp` in B.
+ip netns exec "$NS_B" sockperf server --tcp -i "$IP4_B" -p 11112 >"$LAB_TMP/sockperf-tcp-server.log" 2>&1 &
+tcp_server_pid=$!
+trap 'kill "$tcp_server_pid" 2>/dev/null; lab_cleanup' EXIT INT TERM
+sleep 0.5
+SRV=(--tcp -i "$IP4_B" -p 11112 -m "$SIZE" -t "$SECS")
+lab_start_daemon --rx-poll "$POLL" --engine-poll "$POLL"
+for i in $(seq "$RUNS"); do
+  for path in kernel preload; do
+    run "tcp-$path-pp.$i" "$path" ping-pong
+    run "tcp-$path-tp.$i" "$path" throughput
+  done
+done
+lab_stop_daemon
+echo
+echo "sockperf --tcp ${SIZE} B through libbypassd vs the kernel, medians of $RUNS runs of ${SECS}s; latency one-way µs"
+echo
+echo "| path | ping-pong p50 | p99 | p99.9 | throughput msg/s |"
+echo "|---|---|---|---|---|"
+for path in kernel preload; do
+  name=kernel; [ "$path" = preload ] && name="libbypassd (daemon TCP stack), spin ${POLL} µs"
+  echo "| $name | $(med "tcp-$path-pp" 50.000) | $(med "tcp-$path-pp" 99.000) | $(med "tcp-$path-pp" 99.900) | $(medrate "tcp-$path-tp") |"
+done
+awk -v k="$(med tcp-kernel-pp 50.000)" -v p="$(med tcp-preload-pp 50.000)" \
+  -v kt="$(medrate tcp-kernel-tp)" -v pt="$(medrate tcp-preload-tp)" 'BEGIN {
+  printf "TCP ping-pong p50 preload/kernel %.2f (issue 15 target <= 1.00); throughput preload/kernel %.2f\n", p/k, pt/kt
+}'
+echo
 echo "pass-through call cost (fcntl on a TCP socket): $(LD_PRELOAD="$LIB" "$LAB_TMP/callcost") (target: added <= 20 ns)"

@@ -26,8 +26,9 @@ type Listener struct {
 
 // Listen creates a listening endpoint on addr (the unspecified address:
 // every address of the stack of that family) with room for backlog
-// connections that completed the handshake and were not accepted yet.
-func (s *Stack) Listen(addr netip.AddrPort, backlog int) (*Listener, error) {
+// connections that completed the handshake and were not accepted yet;
+// reuseAddr is SO_REUSEADDR.
+func (s *Stack) Listen(addr netip.AddrPort, backlog int, reuseAddr bool) (*Listener, error) {
 	wq := &waiter.Queue{}
 	ep, terr := s.s.NewEndpoint(tcp.ProtocolNumber, netProto(addr.Addr().Unmap()), wq)
 	if terr != nil {
@@ -36,6 +37,10 @@ func (s *Stack) Listen(addr netip.AddrPort, backlog int) (*Listener, error) {
 	if addr.Addr().Is6() && !addr.Addr().Is4In6() {
 		ep.SocketOptions().SetV6Only(true)
 	}
+	// SO_REUSEADDR: the port may be bound while connections of an earlier
+	// listener on it wait in TIME_WAIT (its accepted endpoints inherit
+	// the flag), as Linux allows a restarted server.
+	ep.SocketOptions().SetReuseAddress(reuseAddr)
 	if terr := ep.Bind(fullAddr(addr)); terr != nil {
 		ep.Close()
 		return nil, fmt.Errorf("tcpstack: listen %v: bind: %w", addr, Errno(terr))

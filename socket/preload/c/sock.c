@@ -1040,10 +1040,8 @@ static int membership(struct bpd_sock *s, int level, int name, const void *val, 
 static int ignorable(const struct bpd_sock *s, int level, int name)
 {
 	if (level == SOL_SOCKET && s->type == SOCK_STREAM &&
-	    (name == SO_KEEPALIVE || name == SO_LINGER))
-		return 0;
-	if (level == SOL_SOCKET && s->type == SOCK_STREAM && name == SO_REUSEADDR)
-		return 1; /* the daemon reserves a stream socket's port for it alone */
+	    (name == SO_KEEPALIVE || name == SO_LINGER || name == SO_REUSEADDR))
+		return 0; /* SO_REUSEADDR: a restarted listener despite TIME_WAIT */
 	if (level == SOL_SOCKET)
 		return name == SO_BROADCAST || name == SO_REUSEPORT || name == SO_DONTROUTE || name == SO_RCVLOWAT || name == SO_SNDLOWAT ||
 		       name == SO_NO_CHECK || name == SO_BUSY_POLL || name == SO_BINDTODEVICE ||
