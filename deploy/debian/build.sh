@@ -4,7 +4,8 @@
 # libbypassd.so is built with the source path mapped away; every file gets
 # its mode set here and its mtime from SOURCE_DATE_EPOCH (the last commit's
 # time unless set), which dpkg-deb applies to the archive. Two builds of one
-# commit are byte-identical. gzip, not xz: several times faster to build on a
+# commit are byte-identical. Man pages are generated from each binary's
+# --help (manpage.sh). gzip, not xz: several times faster to build on a
 # busy machine, for a package about a third larger.
 set -eu
 out=${1:?usage: build.sh OUTDIR}
@@ -32,6 +33,17 @@ install -m 0755 "$out/gobin/bypassd" "$root/usr/sbin/bypassd"
 for b in bypassctl bypass-stats bypass-perf; do
 	install -m 0755 "$out/gobin/$b" "$root/usr/bin/$b"
 done
+# Man pages from the binaries' own --help (deploy/debian/manpage.sh).
+install -d -m 0755 "$root/usr/share/man/man1" "$root/usr/share/man/man8"
+manpage() { # BINARY SECTION SUMMARY [SUBCOMMAND...]
+	b=$1 sec=$2
+	deploy/debian/manpage.sh "$@" | gzip -9n >"$root/usr/share/man/man$sec/$(basename "$b").$sec.gz"
+}
+manpage "$out/gobin/bypassd" 8 "kernel-bypass UDP acceleration daemon (AF_XDP)"
+manpage "$out/gobin/bypassctl" 1 "ask or tell a running bypassd"
+manpage "$out/gobin/bypass-stats" 1 "show the counters bypassd publishes for a process"
+manpage "$out/gobin/bypass-perf" 1 "sockperf-compatible UDP benchmark through bypassd" server ping-pong under-load throughput
+chmod 0644 "$root"/usr/share/man/man*/*
 make -s -C socket/preload/c OUT="$out/libbypassd.so" CFLAGS="-O2 -g -ffile-prefix-map=$top=."
 install -m 0644 "$out/libbypassd.so" "$root/usr/lib/$multiarch/libbypassd.so"
 install -m 0644 deploy/systemd/bypassd.service "$root/lib/systemd/system/bypassd.service"

@@ -28,7 +28,11 @@ for f in "-rwxr-xr-x root/root .* ./usr/sbin/bypassd" \
 	"-rw-r--r-- root/root .* ./usr/lib/$multiarch/libbypassd.so" \
 	"-rw-r--r-- root/root .* ./lib/systemd/system/bypassd.service" \
 	"-rw-r--r-- root/root .* ./etc/default/bypassd" \
-	"-rw-r--r-- root/root .* ./usr/share/doc/bypassd/operations.md"; do
+	"-rw-r--r-- root/root .* ./usr/share/doc/bypassd/operations.md" \
+	"-rw-r--r-- root/root .* ./usr/share/man/man8/bypassd.8.gz" \
+	"-rw-r--r-- root/root .* ./usr/share/man/man1/bypassctl.1.gz" \
+	"-rw-r--r-- root/root .* ./usr/share/man/man1/bypass-stats.1.gz" \
+	"-rw-r--r-- root/root .* ./usr/share/man/man1/bypass-perf.1.gz"; do
 	grep -q -- "^$f\$" "$work/list" || fail "no line like '$f' in dpkg-deb -c"
 done
 for field in Package:bypassd "Architecture:$(dpkg --print-architecture)" Section:net; do
@@ -44,5 +48,12 @@ v=$("$work/root/usr/sbin/bypassd" --version)
 case $v in "bypassd 0.1.0~git"*) ;; *) fail "bypassd --version: $v" ;; esac
 "$work/root/usr/bin/bypassctl" --help >/dev/null 2>&1 || "$work/root/usr/bin/bypassctl" -h >/dev/null 2>&1 || true
 file "$work/root/usr/sbin/bypassd" 2>/dev/null | grep -q 'statically linked' || ! command -v file >/dev/null || fail "bypassd is not static"
+# The daemon's page lists its options (from --help) and renders cleanly.
+page=$work/root/usr/share/man/man8/bypassd.8.gz
+zcat "$page" | grep -q 'socket\\-group' || fail "bypassd.8 lacks --socket-group"
+if command -v man >/dev/null; then
+	w=$(man --warnings -l "$page" 2>&1 >/dev/null) || fail "man -l bypassd.8 failed: $w"
+	[ -z "$w" ] || fail "man -l bypassd.8 warns: $w"
+fi
 echo "test-deb: ok: $v"
 rm -rf "$work"
