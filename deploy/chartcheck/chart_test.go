@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -400,4 +401,67 @@ func selects(sel, labels map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// TestClientExamples: deploy/k8s/client-examples.yaml decodes strictly into
+// Pods that can reach the default chart's daemon: node network, the socket
+// directory, the socket group, no capabilities; the preload pod's
+// LD_PRELOAD names the library where the image volume puts it (the
+// Containerfile's /usr/lib/bypassd/libbypassd.so).
+func TestClientExamples(t *testing.T) {
+	b, err := os.ReadFile("../k8s/client-examples.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := os.ReadFile("../image/Containerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(cf, []byte(" /usr/lib/bypassd/libbypassd.so\n")) {
+		t.Fatal("the Containerfile no longer puts libbypassd.so in /usr/lib/bypassd: fix the example's subPath")
+	}
+	preload := 0
+	for _, doc := range strings.Split(string(b), "\n---") {
+		var p corev1.Pod
+		if err := yaml.UnmarshalStrict([]byte(doc), &p); err != nil {
+			t.Fatalf("client example does not decode strictly: %v\n%s", err, doc)
+		}
+		if p.Kind != "Pod" || !p.Spec.HostNetwork || p.Spec.SecurityContext == nil ||
+			!slices.Contains(p.Spec.SecurityContext.SupplementalGroups, 65532) {
+			t.Errorf("%s: want a Pod with hostNetwork and supplementalGroups [65532]", p.Name)
+		}
+		vols := map[string]corev1.Volume{}
+		for _, v := range p.Spec.Volumes {
+			vols[v.Name] = v
+		}
+		for _, c := range p.Spec.Containers {
+			if sc := c.SecurityContext; sc == nil || sc.Capabilities == nil || len(sc.Capabilities.Add) != 0 ||
+				!slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+				t.Errorf("%s: want capabilities drop [ALL] and none added", p.Name)
+			}
+			mounts := map[string]corev1.VolumeMount{}
+			for _, m := range c.VolumeMounts {
+				mounts[m.MountPath] = m
+			}
+			run, ok := mounts["/run/bypassd"]
+			if hp := vols[run.Name].HostPath; !ok || hp == nil || hp.Path != "/run/bypassd" {
+				t.Errorf("%s: /run/bypassd is not the host's /run/bypassd", p.Name)
+			}
+			for _, e := range c.Env {
+				if e.Name != "LD_PRELOAD" {
+					continue
+				}
+				preload++
+				m, ok := mounts[filepath.Dir(e.Value)]
+				iv := vols[m.Name].Image
+				if !ok || iv == nil || filepath.Base(e.Value) != "libbypassd.so" || m.SubPath != "usr/lib/bypassd" ||
+					!strings.HasPrefix(iv.Reference, "localhost/bypassd:") {
+					t.Errorf("%s: LD_PRELOAD=%s is not libbypassd.so from an image volume of the bypassd image's usr/lib/bypassd (mount %+v, volume %+v)", p.Name, e.Value, m, vols[m.Name])
+				}
+			}
+		}
+	}
+	if preload != 1 {
+		t.Errorf("%d containers set LD_PRELOAD, want 1", preload)
+	}
 }
