@@ -64,18 +64,16 @@ func (l *lab) tcpCounters(t *testing.T) tcpCounters {
 // sent at least tx bytes since before and A's kernel did no TCP.
 func (l *lab) checkTCPPath(t *testing.T, before tcpCounters, rx, tx uint64) {
 	t.Helper()
-	after := l.tcpCounters(t)
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); after = l.tcpCounters(t) {
-		if after.ringRX-before.ringRX >= rx && after.ringTX-before.ringTX >= tx {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+	var after tcpCounters
+	gotRX, gotTX := awaitRing(func() (uint64, uint64) {
+		after = l.tcpCounters(t)
+		return after.ringRX - before.ringRX, after.ringTX - before.ringTX
+	}, rx, tx)
+	if gotRX < rx {
+		t.Errorf("the ring's TCP stack received %d bytes, want at least %d", gotRX, rx)
 	}
-	if d := after.ringRX - before.ringRX; d < rx {
-		t.Errorf("the ring's TCP stack received %d bytes, want at least %d", d, rx)
-	}
-	if d := after.ringTX - before.ringTX; d < tx {
-		t.Errorf("the ring's TCP stack sent %d bytes, want at least %d", d, tx)
+	if gotTX < tx {
+		t.Errorf("the ring's TCP stack sent %d bytes, want at least %d", gotTX, tx)
 	}
 	if after.opens != before.opens || after.outSegs != before.outSegs {
 		t.Errorf("A's kernel did TCP: %d connections opened, %d segments sent (a fallback to the kernel)",
