@@ -658,6 +658,18 @@ func (c *TCPConn) reap() {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+	// Segments the peer had in flight when the connection ended (after a
+	// reset, a whole window of them) still arrive for a while. While the
+	// flow is steered the stack answers them; unsteered, they reach the
+	// kernel, which answers with resets of its own and counts them.
+	select {
+	case <-c.r.done:
+	case <-time.After(straggleTime):
+	}
 	c.r.unsteerTCP([]qp.Flow{c.flow})
 	c.port.unref()
 }
+
+// straggleTime is how long a finished connection's flow stays steered to
+// the ring: a few round trips of a LAN or a loaded host.
+const straggleTime = 500 * time.Millisecond
