@@ -361,7 +361,8 @@ func TestIperf3TCP(t *testing.T) {
 }
 
 // TestHTTPTCP: Python's http.server under the library serves a kernel
-// curl, and curl under the library fetches from a kernel http.server.
+// curl, and curl under the library fetches from a kernel http.server,
+// over IPv4 and IPv6.
 func TestHTTPTCP(t *testing.T) {
 	py := needTool(t, "python3", "python3")
 	curl := needTool(t, "curl", "curl")
@@ -387,19 +388,25 @@ func TestHTTPTCP(t *testing.T) {
 			t.Fatalf("curl got %d bytes (%v), want the %d-byte file byte for byte\n%s", len(got), err, len(body), out)
 		}
 	}
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		name      string
 		serverInA bool
-	}{{"server", true}, {"client", false}} {
+		v6        bool
+	}{{"server", true, false}, {"client", false, false}, {"server-v6", true, true}, {"client-v6", false, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := l.p.B.Addr4()
-			if tc.serverInA {
+			switch {
+			case tc.serverInA && tc.v6:
+				addr = l.p.A.Addr6()
+			case tc.serverInA:
 				addr = l.p.A.Addr4()
+			case tc.v6:
+				addr = l.p.B.Addr6()
 			}
-			srv := netip.AddrPortFrom(addr, 8081)
+			srv := netip.AddrPortFrom(addr, uint16(8081+i))
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			args := []string{"-m", "http.server", "--bind", addr.String(), "--directory", dir, "8081"}
+			args := []string{"-m", "http.server", "--bind", addr.String(), "--directory", dir, strconv.Itoa(int(srv.Port()))}
 			if tc.serverInA {
 				waitOffloadedListener(t, startIn(t, l.preloaded(ctx, nil, py, args...)))
 			} else {

@@ -541,6 +541,12 @@ uint32_t bpd_stream_events(struct bpd_sock *s)
 {
 	if (s->state != BPD_OFFLOADED || s->type != SOCK_STREAM)
 		return 0;
+	/* A handshake's end is taken here too, if no reader holds the
+	 * receive side (one blocked in a call would hold it while waiting). */
+	if (atomic_load(&s->connecting) && !pthread_mutex_trylock(&s->rxmu)) {
+		settle(s);
+		pthread_mutex_unlock(&s->rxmu);
+	}
 	uint32_t ev = 0;
 	int eof = s->rd_eof || s->rd_err, wr = atomic_load(&s->shut_wr);
 	if (eof || atomic_load(&s->shut_rd))
@@ -549,6 +555,8 @@ uint32_t bpd_stream_events(struct bpd_sock *s)
 		ev |= EPOLLHUP; /* both directions ended (or reset) */
 	if (atomic_load(&s->conn_err))
 		ev |= EPOLLERR;
+	if (!s->connected && !atomic_load(&s->connecting) && !atomic_load(&s->listening))
+		ev |= EPOLLHUP; /* a failed handshake: nothing will come */
 	return ev;
 }
 

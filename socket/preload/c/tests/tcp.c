@@ -13,7 +13,7 @@
  * is the largest transfer.
  *
  * Covers blocking and non-blocking connect (EINPROGRESS, SO_ERROR),
- * ECONNREFUSED, 1 B .. 16 MiB byte-exact both ways (write/read, writev/
+ * ECONNREFUSED (POLLERR|POLLHUP), 1 B .. 16 MiB byte-exact both ways (write/read, writev/
  * readv, sendmsg/recvmsg), partial non-blocking writes, MSG_PEEK,
  * MSG_DONTWAIT, MSG_WAITALL, shutdown(SHUT_WR) with EOF to the reader,
  * epoll and poll readiness (data, EOF with EPOLLRDHUP and EPOLLHUP, a
@@ -307,8 +307,15 @@ static void test_refused(void)
 	fd = tcp_socket(SOCK_NONBLOCK);
 	CHECK(connect(fd, (struct sockaddr *)&closed_addr, sizeof(closed_addr)) == -1 && errno == EINPROGRESS,
 	      "non-blocking connect to a closed port");
+	/* Writable at once (always); POLLERR|POLLHUP once the refusal came. */
 	struct pollfd p = {fd, POLLOUT, 0};
-	CHECK(poll(&p, 1, 10000) == 1, "poll");
+	for (int i = 0; i < 1000 && !(p.revents & POLLERR); i++) {
+		CHECK(poll(&p, 1, 10000) == 1, "poll");
+		if (!(p.revents & POLLERR))
+			usleep(10000);
+	}
+	CHECK((p.revents & (POLLERR | POLLHUP)) == (POLLERR | POLLHUP), "POLLERR|POLLHUP after the refusal: %#x",
+	      (unsigned)p.revents);
 	int v = 0;
 	socklen_t l = sizeof(v);
 	CHECK(getsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &l) == 0 && v == ECONNREFUSED, "SO_ERROR %d", v);
