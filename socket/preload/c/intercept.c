@@ -1,20 +1,21 @@
 /* The libc entry points libbypassd interposes, and the fd table.
  *
- * A UDP socket (AF_INET/AF_INET6, SOCK_DGRAM) is created in the kernel as
- * usual and tracked as "pending". Whether it is offloaded is decided when
- * the program first gives it an address: bind (the local address),
- * connect, or the first send of an unbound socket (the remote address),
- * against the rules (rules.c). Offloading opens the socket at bypassd and
+ * A UDP or TCP socket (AF_INET/AF_INET6, SOCK_DGRAM or SOCK_STREAM) is
+ * created in the kernel as usual and tracked as "pending". Whether it is
+ * offloaded is decided when the program first gives it an address: bind or
+ * listen (the local address), connect, or the first send of an unbound UDP
+ * socket (the remote address), against the rules (rules.c). Offloading opens the socket at bypassd and
  * dup3()s its RX eventfd over the program's descriptor, which closes the
  * kernel socket; a socket the rules leave to the kernel is forgotten and
  * every later call goes straight to libc. So an fd that is not in the table
  * costs one array load per intercepted call.
  *
- * poll, select and epoll are deliberately not interposed: the descriptor of
- * an offloaded socket is an eventfd that is readable exactly while its
- * receive queue holds a datagram (sock.c), so the kernel's multiplexers
- * work on it as they are, mixed with any other descriptors, in every mode
- * (level- and edge-triggered, EPOLLONESHOT, EPOLLEXCLUSIVE). */
+ * poll, select and epoll do no translation: the descriptor of an offloaded
+ * socket is an eventfd that is readable exactly while its receive queue
+ * holds a record (sock.c), so the kernel's multiplexers work on it as they
+ * are, mixed with any other descriptors, in every mode (level- and
+ * edge-triggered, EPOLLONESHOT, EPOLLEXCLUSIVE). mux.c only adds, for TCP,
+ * the RDHUP/HUP/ERR events an eventfd cannot carry. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>

@@ -1,4 +1,6 @@
-/* One offloaded UDP socket: its queues, its data calls and its options.
+/* One offloaded socket: its queues (attached, announced and waited on here
+ * for both protocol versions, and for stream.c's TCP sockets too), the
+ * UDP data calls and the options.
  *
  * Readiness. The application's descriptor for an offloaded socket is the
  * socket's RX eventfd (intercept.c dup3()s it over the kernel socket the
