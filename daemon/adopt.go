@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -16,6 +18,7 @@ import (
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
+	"github.com/bypassd/bypassd/ring/qp"
 	"github.com/bypassd/bypassd/ring/sched/pacing"
 )
 
@@ -29,6 +32,9 @@ type TakeoverOptions struct {
 	// (zero: takeover.MinVersion..takeover.Version). Tests narrow them to
 	// check refusals.
 	MinState, MaxState int
+	// abortAfterBuild makes a version 2 takeover give up after building
+	// everything, as a new daemon dying there would (tests).
+	abortAfterBuild bool
 }
 
 // Takeover replaces the bypassd serving cfg.SocketPath: it receives that
@@ -75,6 +81,18 @@ func Takeover(cfg config.Config, opts TakeoverOptions, log *zap.Logger) (_ *Daem
 	if err == nil {
 		err = d.checkState(st)
 	}
+	// With the sockets handed over (version 2) everything is built while
+	// the old daemon still serves; only the engines start after it let go.
+	early := version >= 2
+	if err == nil && early {
+		err = d.build(st, files)
+		// The build took its time; the old daemon allows for it
+		// (verdictTimeout).
+		_ = tc.SetDeadline(time.Now().Add(takeoverTimeout))
+		if err == nil && opts.abortAfterBuild {
+			err = errors.New("aborted after the build (test)")
+		}
+	}
 	if err != nil {
 		_ = tc.Refuse(err.Error())
 		return nil, fmt.Errorf("daemon: takeover from pid %d refused: %w", oldPID, err)
@@ -95,12 +113,17 @@ func Takeover(cfg config.Config, opts TakeoverOptions, log *zap.Logger) (_ *Daem
 	if err != nil {
 		return nil, fmt.Errorf("daemon: takeover from pid %d: waiting for the rings: %w", oldPID, err)
 	}
-	paused := time.Since(start)
-	if err := d.adopt(st, final, files); err != nil {
+	released := time.Now()
+	if !early {
+		if err := d.build(st, files); err != nil {
+			return nil, fmt.Errorf("daemon: takeover from pid %d: %w", oldPID, err)
+		}
+	}
+	if err := d.startAdopted(st, final); err != nil {
 		return nil, fmt.Errorf("daemon: takeover from pid %d: %w", oldPID, err)
 	}
 	log.Info("took over", zap.Int("old_pid", oldPID), zap.Int("state_version", version), zap.Int("sessions", len(st.Sessions)),
-		zap.Int("descriptors", files.Len()), zap.Duration("handover", paused), zap.Duration("total", time.Since(start)))
+		zap.Int("descriptors", files.Len()), zap.Duration("released_to_serving", time.Since(released)), zap.Duration("total", time.Since(start)))
 	return d, nil
 }
 
@@ -180,10 +203,13 @@ func (d *Daemon) checkState(st *takeover.State) error {
 	return nil
 }
 
-// adopt builds the daemon from a received state: listener, locks, rings on
-// the handed-over programs and doorbells, the sessions with their sockets,
-// then starts receiving, publishing and serving the sessions.
-func (d *Daemon) adopt(st *takeover.State, final *takeover.Final, files *takeover.Files) error {
+// build makes the daemon from a received state: listener, locks, rings on
+// the handed-over programs, doorbells and (version 2) sockets, and the
+// sessions with their sockets. Nothing serves yet (start). With version 2
+// it runs while the old daemon still serves: it must not disturb anything
+// the old daemon uses, and on error discardBuilt lets it all go.
+func (d *Daemon) build(st *takeover.State, files *takeover.Files) error {
+	d.built = true
 	fd, err := files.Take(st.Listener)
 	if err != nil {
 		return err
@@ -196,11 +222,7 @@ func (d *Daemon) adopt(st *takeover.State, final *takeover.Final, files *takeove
 		if err != nil {
 			return err
 		}
-		f := os.NewFile(uintptr(fd), l.Path)
-		d.locks = append(d.locks, &ifaceLock{path: l.Path, f: f})
-		if err := f.Truncate(0); err == nil {
-			_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-		}
+		d.locks = append(d.locks, &ifaceLock{path: l.Path, f: os.NewFile(uintptr(fd), l.Path)})
 	}
 	progs := map[string]*bpf.Program{}
 	for _, p := range st.Programs {
@@ -238,10 +260,106 @@ func (d *Daemon) adopt(st *takeover.State, final *takeover.Final, files *takeove
 		if prog == nil {
 			return nil, fmt.Errorf("no steering program handed over for %s", it.Name)
 		}
-		return &ring.Adoption{Doorbell: w, Program: prog}, nil
+		a := &ring.Adoption{Doorbell: w, Program: prog}
+		if p := st.Rings[i].Path; p != nil {
+			if a.Path, err = takePath(p, files); err != nil {
+				return nil, err
+			}
+		}
+		return a, nil
 	})
 	if err != nil {
 		return err
+	}
+	d.nextSocket.Store(st.NextSocket)
+	d.ctl.sessionsTotal.Store(st.Control["sessions_total"])
+	d.ctl.socketsTotal.Store(st.Control["sockets_total"])
+	for _, ss := range st.Sessions {
+		s, err := d.adoptSession(ss, files)
+		if s != nil {
+			d.adopted = append(d.adopted, s)
+		}
+		if err != nil {
+			return fmt.Errorf("client pid %d: %w", ss.PID, err)
+		}
+	}
+	return nil
+}
+
+// takePath takes a ring's handed-over fast path descriptors.
+func takePath(p *takeover.Path, files *takeover.Files) (_ *qp.PathHandover, err error) {
+	h := &qp.PathHandover{XSK: -1, UMEM: -1, TAP: -1, Layout: p.Layout}
+	defer func() {
+		if err != nil {
+			h.Close()
+		}
+	}()
+	if h.XSK, err = files.Take(p.XSK); err != nil {
+		return nil, err
+	}
+	if h.UMEM, err = files.Take(p.UMEM); err != nil {
+		return nil, err
+	}
+	if p.TAP != takeover.NoFD {
+		if h.TAP, err = files.Take(p.TAP); err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
+}
+
+// discardBuilt lets go of what build made when the takeover is refused
+// before the old daemon let go: nothing it serves with is touched.
+func (d *Daemon) discardBuilt() {
+	for _, s := range d.adopted {
+		s.abandon()
+	}
+	d.adopted = nil
+	for _, ri := range d.rings {
+		r := ri.ring()
+		if r == nil {
+			continue
+		}
+		// A ring whose engine started (the old daemon is gone) is closed
+		// for good; one that never did is only let go of.
+		var err error
+		if r.Started() {
+			err = r.Close()
+		} else {
+			err = r.Discard()
+		}
+		if err != nil {
+			d.log.Warn("let go of an adopted ring", zap.Stringer("ring", ri.it), zap.Error(err))
+		}
+	}
+	_ = d.abandon()
+}
+
+// startAdopted makes a built daemon serve: counters carried over, the rings'
+// engines started where the old daemon's stopped (final is its last word),
+// stats, metrics and the sessions.
+func (d *Daemon) startAdopted(st *takeover.State, final *takeover.Final) error {
+	// Engines first: counters are added to, so seeding them after
+	// loses nothing, and the blackout ends sooner.
+	for i, ri := range d.rings {
+		var ps *ring.PathState
+		if st.Rings[i].Path != nil {
+			if i >= len(final.Paths) {
+				return fmt.Errorf("ring %s: the old daemon sent no engine state", ri.it)
+			}
+			ps = &ring.PathState{}
+			if err := json.Unmarshal(final.Paths[i], ps); err != nil {
+				return fmt.Errorf("ring %s: engine state: %w", ri.it, err)
+			}
+		}
+		if err := ri.ring().Activate(ps); err != nil {
+			return err
+		}
+	}
+	for _, ri := range d.rings {
+		if err := ri.ring().ArmStandby(); err != nil {
+			return err
+		}
 	}
 	for i, ri := range d.rings {
 		c := st.Rings[i].Counters
@@ -250,32 +368,36 @@ func (d *Daemon) adopt(st *takeover.State, final *takeover.Final, files *takeove
 		}
 		seedRing(ri.ring(), c)
 	}
-	d.nextSocket.Store(st.NextSocket)
-	d.ctl.sessionsTotal.Store(st.Control["sessions_total"])
-	d.ctl.socketsTotal.Store(st.Control["sockets_total"])
+	counters := map[uint32]map[string]uint64{}
+	for _, ss := range st.Sessions {
+		for _, ks := range ss.Sockets {
+			if ks.Endpoint != nil {
+				counters[ks.ID] = ks.Endpoint.Counters
+			}
+		}
+	}
+	for id, c := range final.Endpoints {
+		counters[id] = c
+	}
+	for _, s := range d.adopted {
+		for id, k := range s.sockets {
+			if k.ep != nil {
+				seedEndpoint(k.ep, counters[id])
+			}
+		}
+	}
+	d.built = false
+	for _, l := range d.locks {
+		if err := l.f.Truncate(0); err == nil {
+			_, _ = l.f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+		}
+	}
 	if err := d.startStats(); err != nil {
 		return err
 	}
-	var sessions []*session
-	defer func() {
-		if err != nil {
-			for _, s := range sessions {
-				s.release()
-			}
-		}
-	}()
-	for _, ss := range st.Sessions {
-		s, err := d.adoptSession(ss, final, files)
-		if s != nil {
-			sessions = append(sessions, s)
-		}
-		if err != nil {
-			return fmt.Errorf("client pid %d: %w", ss.PID, err)
-		}
-	}
-	for _, ri := range d.rings {
-		if err := ri.ring().Activate(); err != nil {
-			return err
+	for i, ss := range st.Sessions {
+		if ss.Stats && i < len(d.adopted) {
+			d.joinClient(d.adopted[i], ss.Program)
 		}
 	}
 	if err := d.startMetrics(); err != nil {
@@ -283,17 +405,18 @@ func (d *Daemon) adopt(st *takeover.State, final *takeover.Final, files *takeove
 	}
 	d.logReady()
 	d.mu.Lock()
-	for _, s := range sessions {
+	for _, s := range d.adopted {
 		d.sessions[s] = struct{}{}
 		d.sessWG.Add(1)
 		go s.run()
 	}
+	d.adopted = nil
 	d.mu.Unlock()
 	return nil
 }
 
 // adoptSession rebuilds one session and its sockets.
-func (d *Daemon) adoptSession(ss takeover.Session, final *takeover.Final, files *takeover.Files) (*session, error) {
+func (d *Daemon) adoptSession(ss takeover.Session, files *takeover.Files) (*session, error) {
 	fd, err := files.Take(ss.Conn)
 	if err != nil {
 		return nil, err
@@ -312,11 +435,8 @@ func (d *Daemon) adoptSession(ss takeover.Session, final *takeover.Final, files 
 			s.retired[i] = v
 		}
 	}
-	if ss.Stats {
-		d.joinClient(s, ss.Program)
-	}
 	for _, ks := range ss.Sockets {
-		k, err := d.adoptSocket(ks, final, files)
+		k, err := d.adoptSocket(ks, files)
 		if err != nil {
 			return s, fmt.Errorf("socket %d: %w", ks.ID, err)
 		}
@@ -328,7 +448,7 @@ func (d *Daemon) adoptSession(ss takeover.Session, final *takeover.Final, files 
 
 // adoptSocket maps a handed-over socket's memory and, if it was bound,
 // binds its endpoint again on the adopted ring.
-func (d *Daemon) adoptSocket(ks takeover.Socket, final *takeover.Final, files *takeover.Files) (_ *socket, err error) {
+func (d *Daemon) adoptSocket(ks takeover.Socket, files *takeover.Files) (_ *socket, err error) {
 	k := &socket{id: ks.ID, family: ks.Family, queueBytes: ks.QueueBytes, home: d.rings[ks.Ring], memfd: -1,
 		reuseAddr: ks.ReuseAddr, timestamping: ks.Timestamping,
 		hdr: ring.HeaderOptions{TTL: ks.Options.TTL, MulticastTTL: ks.Options.MulticastTTL, TOS: ks.Options.TOS, MulticastLoop: ks.Options.MulticastLoop}}
@@ -431,11 +551,6 @@ func (d *Daemon) adoptSocket(ks takeover.Socket, final *takeover.Final, files *t
 	if k.rate != nil {
 		ep.SetPacing(&k.rate.Rate)
 	}
-	c := e.Counters
-	if fc, ok := final.Endpoints[ks.ID]; ok {
-		c = fc
-	}
-	seedEndpoint(ep, c)
 	return k, nil
 }
 

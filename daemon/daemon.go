@@ -77,6 +77,14 @@ type Daemon struct {
 	pz         pauseState
 	gone       chan struct{}
 	handedOver bool
+	// built: a taking-over daemon built from a state (adopt.go build) and
+	// not started yet; adopted are its sessions until they run.
+	built   bool
+	adopted []*session
+	// quiesceAt is when the handover stopped this daemon's engines (tests
+	// measure the data path's blackout from it to ring.StartedAt of the
+	// taking-over daemon's rings).
+	quiesceAt time.Time
 
 	stopOnce  sync.Once
 	stop      chan struct{} // closed by Close to end Serve
@@ -542,7 +550,9 @@ func (d *Daemon) abandon() error {
 		_ = l.f.Close()
 	}
 	d.locks = nil
-	d.lnOnce.Do(d.ln.Abandon)
+	if d.ln != nil {
+		d.lnOnce.Do(d.ln.Abandon)
+	}
 	return nil
 }
 
@@ -557,6 +567,10 @@ func (d *Daemon) release() error {
 		errs = append(errs, err)
 	}
 	d.recoverWG.Wait() // stopping is set: they return within a poll
+	if d.built {
+		d.discardBuilt()
+		return nil
+	}
 	if d.isHandedOver() {
 		return d.abandon()
 	}

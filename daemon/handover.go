@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"time"
@@ -22,6 +23,13 @@ import (
 // takeoverTimeout bounds each wait of the handover: sessions parking, the
 // new daemon's verdict.
 const takeoverTimeout = 10 * time.Second
+
+// verdictTimeout bounds the wait for the new daemon's verdict: it builds
+// every socket it received (nfds descriptors) first, which takes a few
+// milliseconds each on a loaded machine.
+func verdictTimeout(nfds int) time.Duration {
+	return takeoverTimeout + time.Duration(nfds)*5*time.Millisecond
+}
 
 // pauseState is the daemon's pause for a handover. Guarded by Daemon.mu.
 type pauseState struct {
@@ -199,6 +207,8 @@ func (s *session) onTakeover(h ctlproto.Header, msg ctlproto.Message) bool {
 		err = tc.Offer(version, doc, tab.FDs())
 	}
 	if err == nil {
+		// The new daemon builds every socket before it answers.
+		_ = tc.SetDeadline(time.Now().Add(verdictTimeout(len(tab.FDs()))))
 		err = tc.Verdict()
 	}
 	if err != nil {
@@ -207,16 +217,18 @@ func (s *session) onTakeover(h ctlproto.Header, msg ctlproto.Message) bool {
 	}
 	// Point of no return: the new daemon owns everything now.
 	handedOver = true
-	d.handOver(parked, tc, log)
+	d.handOver(version, parked, tc, log)
 	log.Info("handed over to the new daemon", zap.Int32("new_pid", s.cred.Pid), zap.Int("sessions", len(parked)),
 		zap.Int("descriptors", len(tab.FDs())), zap.Int("state_bytes", len(doc)), zap.Duration("took", time.Since(start)))
 	return false
 }
 
-// handOver stops what the new daemon replaces (stats, metrics), releases
-// the rings, sends RELEASED and ends the pause as handed over: sessions
-// and the accept loop exit without releasing anything, Serve returns.
-func (d *Daemon) handOver(parked []*session, tc *takeover.Conn, log *zap.Logger) {
+// handOver stops what the new daemon replaces (stats, metrics), stops the
+// rings (version 2: quiesced with their sockets left to the new daemon;
+// version 1: released), sends RELEASED and ends the pause as handed over:
+// sessions and the accept loop exit without releasing anything, Serve
+// returns.
+func (d *Daemon) handOver(version int, parked []*session, tc *takeover.Conn, log *zap.Logger) {
 	if err := d.stopMetrics(); err != nil {
 		log.Warn("stop metrics", zap.Error(err))
 	}
@@ -224,11 +236,33 @@ func (d *Daemon) handOver(parked []*session, tc *takeover.Conn, log *zap.Logger)
 		log.Warn("stop stats", zap.Error(err))
 	}
 	final := &takeover.Final{Endpoints: map[uint32]map[string]uint64{}}
-	for _, ri := range d.rings {
-		if err := ri.ring().Release(); err != nil {
-			log.Warn("release ring", zap.Stringer("ring", ri.it), zap.Error(err))
+	rings := make([]*ring.Ring, len(d.rings))
+	for i, ri := range d.rings {
+		rings[i] = ri.ring()
+	}
+	if version >= 2 {
+		// From here until the new daemon's engines start, frames wait in
+		// the sockets' RX rings: this is the blackout.
+		states, err := ring.Quiesce(rings, func() { d.quiesceAt = time.Now() })
+		if err != nil {
+			log.Warn("quiesce rings", zap.Error(err))
 		}
-		final.Rings = append(final.Rings, ringCounters(ri.ring()))
+		for _, st := range states {
+			b, err := json.Marshal(st)
+			if err != nil {
+				log.Warn("encode ring state", zap.Error(err))
+			}
+			final.Paths = append(final.Paths, b)
+		}
+	} else {
+		for i, r := range rings {
+			if err := r.Release(); err != nil {
+				log.Warn("release ring", zap.Stringer("ring", d.rings[i].it), zap.Error(err))
+			}
+		}
+	}
+	for _, r := range rings {
+		final.Rings = append(final.Rings, ringCounters(r))
 	}
 	for _, s := range parked {
 		for id, k := range s.sockets {
@@ -237,8 +271,15 @@ func (d *Daemon) handOver(parked []*session, tc *takeover.Conn, log *zap.Logger)
 			}
 		}
 	}
-	if err := tc.Released(final); err != nil {
+	if err := tc.Released(final, version); err != nil {
 		log.Warn("cannot tell the new daemon the rings are free", zap.Error(err))
+	}
+	if version >= 2 {
+		for i, r := range rings {
+			if err := r.Abandon(); err != nil {
+				log.Warn("let go of a ring", zap.Stringer("ring", d.rings[i].it), zap.Error(err))
+			}
+		}
 	}
 	d.mu.Lock()
 	d.pz.handedOver = true
@@ -288,8 +329,18 @@ func (d *Daemon) describe(version int, sessions []*session, tab *takeover.Table)
 		if err != nil {
 			return nil, fmt.Errorf("ring %s: duplicate doorbell: %w", ri.it, err)
 		}
-		st.Rings = append(st.Rings, takeover.Ring{Interface: ri.it.Name, Queue: ri.it.Queue, Doorbell: tab.Add(fd),
-			Counters: ringCounters(r)})
+		tr := takeover.Ring{Interface: ri.it.Name, Queue: ri.it.Queue, Doorbell: tab.Add(fd), Counters: ringCounters(r)}
+		if version >= 2 {
+			h, err := r.PathHandover()
+			if err != nil {
+				return nil, fmt.Errorf("ring %s: %w", ri.it, err)
+			}
+			tr.Path = &takeover.Path{XSK: tab.Add(h.XSK), UMEM: tab.Add(h.UMEM), TAP: takeover.NoFD, Layout: h.Layout}
+			if h.TAP >= 0 {
+				tr.Path.TAP = tab.Add(h.TAP)
+			}
+		}
+		st.Rings = append(st.Rings, tr)
 	}
 	for _, s := range sessions {
 		ss, err := s.describeState(tab, ringIndex)

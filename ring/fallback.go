@@ -133,7 +133,9 @@ func (r *Ring) openPaths(pc qp.PathConfig) (err error) {
 	// gone: they would drop fragments and, after a fast path loss, flows.
 	// Whatever the fallback, they go (a foreign or live owner's objects
 	// are refused, and fail a TAP path below).
-	if n, err := tap.Sweep(pc.NS, pc.Ifindex); err != nil {
+	if pc.AdoptPath != nil {
+		// The old daemon, alive, still owns what is on the interface.
+	} else if n, err := tap.Sweep(pc.NS, pc.Ifindex); err != nil {
 		r.log.Warn("cannot remove TAP fallback filters found on the interface", zap.Error(err))
 	} else if n > 0 {
 		r.log.Info("removed a dead daemon's TAP fallback filters", zap.Int("classifiers", n))
@@ -163,7 +165,8 @@ func (r *Ring) openPaths(pc qp.PathConfig) (err error) {
 	var prim qp.Provider
 	if fast := fs.prim.Load(); fast != nil {
 		prim = fast.prov
-		if err := p.steer.(*tap.Steering).SetActive(false); err != nil {
+		// (An adopted TAP path gets its steering at Activate.)
+		if err := setStandby(p.steer); err != nil {
 			return fmt.Errorf("TAP path: %w", err)
 		}
 	}
@@ -173,6 +176,15 @@ func (r *Ring) openPaths(pc qp.PathConfig) (err error) {
 	fs.fp = newFallbackProvider(prim, p.prov, r)
 	r.prov = fs.fp
 	return nil
+}
+
+// setStandby makes a TAP path's steering a standby's: flows filtered to
+// the TAP, fragments left to XDP (nil: no steering yet).
+func setStandby(steer qp.Steering) error {
+	if steer == nil {
+		return nil
+	}
+	return steer.(*tap.Steering).SetActive(false)
 }
 
 // startWatch starts the path watcher of a ring with a TAP path.

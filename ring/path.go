@@ -29,5 +29,9 @@ func openPath(name string, pc qp.PathConfig) (path, error) {
 
 func (p path) close() error {
 	// Steering first: no frame is directed at a provider that is gone.
-	return errors.Join(p.steer.Close(), p.prov.Close())
+	var err error
+	if p.steer != nil { // an adopted TAP path before Activate has none
+		err = p.steer.Close()
+	}
+	return errors.Join(err, p.prov.Close())
 }

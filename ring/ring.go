@@ -196,6 +196,13 @@ type Ring struct {
 	epoch    atomic.Uint64
 	sleeping atomic.Bool
 	stop     atomic.Bool
+	// deferStart: opened on a handed-over socket (Config.Adopt.Path), the
+	// engine starts only at Activate; quiesced and quiescedEPs are what
+	// Quiesce left for Abandon (handover.go).
+	deferStart  bool
+	startedAt   time.Time
+	quiesced    *afxdp.Steering
+	quiescedEPs []*Endpoint
 	// backlogWanted asks the engine to read the adopted endpoints'
 	// reservations (handover.go).
 	backlogWanted atomic.Bool
@@ -287,7 +294,12 @@ func Open(cfg Config) (_ *Ring, err error) {
 		XDPMode: cfg.XDPMode, DeviceMemory: cfg.DevMemTX, HWTimestamps: deviceStamps(cfg),
 		Log: r.log}
 	if cfg.Adopt != nil {
-		pc.Adopt = cfg.Adopt.Program
+		pc.Adopt, pc.AdoptPath = cfg.Adopt.Program, cfg.Adopt.Path
+		r.deferStart = cfg.Adopt.Path != nil
+		if cfg.Adopt.Path != nil {
+			// Whatever the openers did not take goes with the ring.
+			defer cfg.Adopt.Path.Close()
+		}
 	}
 	if err = r.openPaths(pc); err != nil {
 		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
@@ -344,12 +356,20 @@ func Open(cfg Config) (_ *Ring, err error) {
 	}
 	r.log.Info("ring open", fields...)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	if !r.deferStart {
+		r.start()
+		r.startWatch()
+	}
+	return r, nil
+}
+
+// start starts the engine thread (and the hardware clock's sampler).
+func (r *Ring) start() {
+	r.startedAt = time.Now()
 	if r.hw != nil {
 		go r.hw.run(r.ctx)
 	}
 	go r.run()
-	r.startWatch()
-	return r, nil
 }
 
 // DefaultFrameSize is the frame size a ring uses when none is configured:

@@ -154,3 +154,40 @@ func (d *Device) Close() error {
 	}
 	return nil
 }
+
+// Dup returns a duplicate of the device's descriptor (the caller's to
+// close): a new daemon taking over holds the device with it, so the
+// device outlives this process's Close.
+func (d *Device) Dup() (int, error) {
+	fd, err := unix.FcntlInt(uintptr(d.fd.Load()), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("tap %s: duplicate descriptor: %w", d.name, err)
+	}
+	return fd, nil
+}
+
+// Adopt makes a Device of a TAP descriptor another process handed over
+// (owned by the Device from now on, also on error). The device is looked
+// up in the calling thread's network namespace.
+func Adopt(fd int) (_ *Device, err error) {
+	defer func() {
+		if err != nil {
+			_ = unix.Close(fd)
+		}
+	}()
+	ifr, err := unix.NewIfreq("")
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, ifr); err != nil {
+		return nil, fmt.Errorf("tap: adopt descriptor %d: TUNGETIFF: %w", fd, err)
+	}
+	name := ifr.Name()
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("tap %s: adopt: look up the device: %w", name, err)
+	}
+	d := &Device{name: name, ifindex: link.Attrs().Index}
+	d.fd.Store(int32(fd))
+	return d, nil
+}

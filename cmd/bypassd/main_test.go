@@ -29,6 +29,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envExec) == "1" {
 		os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 	}
+	if path := os.Getenv(envVictim); path != "" {
+		os.Exit(victim(path))
+	}
 	os.Exit(m.Run())
 }
 

@@ -5,8 +5,10 @@ import (
 	"fmt"
 )
 
-// Version is the state document version this build writes.
-const Version = 1
+// Version is the state document version this build writes. Version 2
+// hands the rings' AF_XDP sockets over (Ring.Path); a version 1 offerer
+// empties its XSKMAP slots instead and the taker opens sockets of its own.
+const Version = 2
 
 // MinVersion is the oldest state document version this build reads.
 const MinVersion = 1
@@ -72,14 +74,26 @@ type Program struct {
 	Maps      map[string]int `json:"maps"`
 }
 
-// Ring is one (interface, queue) ring. Its AF_XDP socket is not handed
-// over: the new daemon opens its own on the queue (the blackout), while
-// the doorbell clients hold stays the same.
+// Ring is one (interface, queue) ring: the doorbell clients hold and,
+// from version 2, its fast path (Path). Without a Path (version 1) the new
+// daemon opens its own AF_XDP socket on the queue once the old one left it.
 type Ring struct {
 	Interface string            `json:"interface"`
 	Queue     int               `json:"queue"`
 	Doorbell  int               `json:"doorbell"`
 	Counters  map[string]uint64 `json:"counters,omitempty"`
+	Path      *Path             `json:"path,omitempty"`
+}
+
+// Path is a ring's fast path: the AF_XDP socket (which stays in its queue
+// and XSKMAP slot), the memfd of its UMEM, the standby TAP device (NoFD:
+// none) and the socket's layout (ring/provider/afxdp.Layout). Final.Paths
+// carries the engine's state once the old ring stopped.
+type Path struct {
+	XSK    int             `json:"xsk"`
+	UMEM   int             `json:"umem"`
+	TAP    int             `json:"tap"`
+	Layout json.RawMessage `json:"layout"`
 }
 
 // Session is one connected client.
@@ -161,10 +175,12 @@ type Group struct {
 }
 
 // Final is what the offerer sends once it released the data path: the
-// counters that moved after the document was written.
+// counters that moved after the document was written and, for rings
+// handed over with their Path, each engine's state (ring.PathState).
 type Final struct {
 	Rings     []map[string]uint64          `json:"rings"`
 	Endpoints map[uint32]map[string]uint64 `json:"endpoints,omitempty"`
+	Paths     []json.RawMessage            `json:"paths,omitempty"`
 }
 
 // Encode returns the document's JSON.
@@ -224,6 +240,11 @@ func (s *State) checkRefs(n int) error {
 	}
 	for _, r := range s.Rings {
 		add(bad(fmt.Sprintf("ring %s/%d doorbell", r.Interface, r.Queue), r.Doorbell, true))
+		if r.Path != nil {
+			add(bad(fmt.Sprintf("ring %s/%d socket", r.Interface, r.Queue), r.Path.XSK, true))
+			add(bad(fmt.Sprintf("ring %s/%d UMEM", r.Interface, r.Queue), r.Path.UMEM, true))
+			add(bad(fmt.Sprintf("ring %s/%d TAP", r.Interface, r.Queue), r.Path.TAP, false))
+		}
 	}
 	for _, ss := range s.Sessions {
 		add(bad(fmt.Sprintf("session %d", ss.PID), ss.Conn, true))

@@ -60,6 +60,8 @@ type Conn struct {
 	rc   syscall.RawConn
 	rbuf []byte
 	oob  []byte
+	// more is the last received packet's flagMore.
+	more bool
 }
 
 // NewConn wraps fd and takes ownership of it.
@@ -83,10 +85,20 @@ func (c *Conn) Close() error { return c.f.Close() }
 // SetDeadline bounds every pending and future read and write.
 func (c *Conn) SetDeadline(t time.Time) error { return c.f.SetDeadline(t) }
 
+// flagMore in a packet's header (byte 5) says that the payload continues
+// in the next packet of the same kind (a RELEASED longer than one packet,
+// state version 2 on).
+const flagMore = 1
+
 func (c *Conn) send(kind byte, payload []byte, fds []int) error {
+	return c.sendFlags(kind, 0, payload, fds)
+}
+
+func (c *Conn) sendFlags(kind, flags byte, payload []byte, fds []int) error {
 	b := make([]byte, headerLen, headerLen+len(payload))
 	copy(b, magic[:])
 	b[4] = kind
+	b[5] = flags
 	binary.LittleEndian.PutUint16(b[6:], uint16(len(fds)))
 	b = append(b, payload...)
 	var oob []byte
@@ -163,6 +175,7 @@ func (c *Conn) recv() (kind byte, payload []byte, fds []int, err error) {
 		closeAll(fds)
 		return 0, nil, nil, &RefusedError{Reason: string(c.rbuf[headerLen:n])}
 	}
+	c.more = c.rbuf[5]&flagMore != 0
 	return kind, append([]byte(nil), c.rbuf[headerLen:n]...), fds, nil
 }
 
@@ -274,27 +287,48 @@ func (c *Conn) Verdict() error {
 }
 
 // Released tells the taker that the data path is released, with the
-// counters that moved since the document.
-func (c *Conn) Released(f *Final) error {
+// counters that moved since the document (and the engines' state). From
+// state version 2 on it takes as many packets as it needs; a version 1
+// taker reads one, so counters past one packet are dropped for it rather
+// than the upgrade.
+func (c *Conn) Released(f *Final, version int) error {
 	b, err := json.Marshal(f)
 	if err != nil {
 		return fmt.Errorf("takeover: encode final counters: %w", err)
 	}
-	if len(b) > chunkBytes {
-		// Counters past one packet are dropped rather than the upgrade.
-		b = []byte(`{"rings":[]}`)
+	if version < 2 {
+		if len(b) > chunkBytes {
+			b = []byte(`{"rings":[]}`)
+		}
+		return c.send(kindReleased, b, nil)
+	}
+	for len(b) > chunkBytes {
+		if err := c.sendFlags(kindReleased, flagMore, b[:chunkBytes], nil); err != nil {
+			return err
+		}
+		b = b[chunkBytes:]
 	}
 	return c.send(kindReleased, b, nil)
 }
 
 // AwaitReleased waits for the offerer's RELEASED.
 func (c *Conn) AwaitReleased() (*Final, error) {
-	p, _, err := c.expect(kindReleased)
-	if err != nil {
-		return nil, err
+	var all []byte
+	for {
+		p, _, err := c.expect(kindReleased)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, p...)
+		if !c.more {
+			break
+		}
+		if len(all) > maxDoc {
+			return nil, errors.New("takeover: final counters longer than a state document may be")
+		}
 	}
 	var f Final
-	if err := json.Unmarshal(p, &f); err != nil {
+	if err := json.Unmarshal(all, &f); err != nil {
 		return nil, fmt.Errorf("takeover: final counters: %w", err)
 	}
 	return &f, nil

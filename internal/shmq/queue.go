@@ -218,6 +218,21 @@ func newQueue(mem []byte, capacity, prod, cons uint64) *Queue {
 	return q
 }
 
+// Resync re-reads both shared indexes into this side's state, as Attach
+// does: for a queue attached ahead of time whose previous user on this
+// side (an old daemon handing over) went on until now. Nothing may be
+// reserved or peeked.
+func (q *Queue) Resync() error {
+	cons := atomic.LoadUint64(q.consIdx)
+	prod := atomic.LoadUint64(q.prodIdx)
+	if prod%8 != 0 || cons%8 != 0 || prod-cons > q.capacity {
+		return fmt.Errorf("shmq: resync: inconsistent indexes producer=%d consumer=%d capacity=%d: %w", prod, cons, q.capacity, ErrCorrupt)
+	}
+	q.p = producerState{idx: prod, published: prod, cachedCons: cons, resN: -1}
+	q.c = consumerState{idx: cons, released: cons, cachedProd: prod}
+	return nil
+}
+
 // Capacity returns the data area size in bytes.
 func (q *Queue) Capacity() int { return int(q.capacity) }
 

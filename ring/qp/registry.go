@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"sort"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/vishvananda/netns"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/bpf"
 )
@@ -51,6 +53,11 @@ type PathConfig struct {
 	// uses it instead of attaching one, and its socket enters the XSKMAP
 	// only at Ring.Activate.
 	Adopt *bpf.Program
+	// AdoptPath is the fast path's socket and the standby TAP a previous
+	// daemon handed over (live upgrade, state version 2): the openers take
+	// the descriptors they use (setting them to -1), and the TAP path's
+	// steering is made only at Ring.ArmStandby.
+	AdoptPath *PathHandover
 	// MaxFlows is the capacity of the interface's steering map (the
 	// first ring of the interface sizes it; 0: bpf.DefaultMaxFlows).
 	MaxFlows int
@@ -115,4 +122,26 @@ func Open(name string, pc PathConfig) (Provider, Steering, error) {
 		return nil, nil, fmt.Errorf("unknown provider %q: this build has %v", name, Providers())
 	}
 	return open(pc)
+}
+
+// PathHandover is a ring's fast path as a previous daemon handed it over:
+// descriptors (owned by whoever holds the PathHandover until an opener
+// takes them; taken ones are set to -1) and the provider's layout of them
+// (for afxdp: afxdp.Layout as JSON).
+type PathHandover struct {
+	// XSK and UMEM are the AF_XDP socket and its UMEM's memfd.
+	XSK, UMEM int
+	// TAP is the standby TAP device's descriptor, -1 without one.
+	TAP    int
+	Layout json.RawMessage
+}
+
+// Close closes the descriptors nobody took.
+func (h *PathHandover) Close() {
+	for _, fd := range []*int{&h.XSK, &h.UMEM, &h.TAP} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
 }

@@ -35,3 +35,11 @@ func (p *TXPool) Take(frames []Frame) int {
 	p.free = p.free[:len(p.free)-n]
 	return n
 }
+
+// Offsets lists the free buffers' offsets (the pool's own slice: copy it
+// to keep it).
+func (p *TXPool) Offsets() []uint64 { return p.free }
+
+// Reset makes offs the free buffers (a provider taking over another
+// process's pool).
+func (p *TXPool) Reset(offs []uint64) { p.free = append(p.free[:0], offs...) }

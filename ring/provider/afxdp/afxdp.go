@@ -123,9 +123,11 @@ func (c *Config) setDefaults() error {
 
 // Socket is an open AF_XDP socket; it implements qp.Provider.
 type Socket struct {
-	cfg      Config
-	fd       int
-	umem     []byte
+	cfg  Config
+	fd   int
+	umem []byte
+	// umemFD is the memfd the UMEM is mapped from.
+	umemFD   int
 	zeroCopy bool
 
 	fill, comp *addrRing
@@ -205,7 +207,7 @@ func open(cfg Config, zeroCopy bool) (_ *Socket, err error) {
 		}
 		return nil, fmt.Errorf("create AF_XDP socket: %w (needs CAP_NET_RAW)", err)
 	}
-	s := &Socket{cfg: cfg, fd: fd, zeroCopy: zeroCopy, multi: NeedsMultiBuffer(cfg.MTU, cfg.FrameSize)}
+	s := &Socket{cfg: cfg, fd: fd, umemFD: -1, zeroCopy: zeroCopy, multi: NeedsMultiBuffer(cfg.MTU, cfg.FrameSize)}
 	defer func() {
 		if err != nil {
 			s.release()
@@ -214,7 +216,15 @@ func open(cfg Config, zeroCopy bool) (_ *Socket, err error) {
 
 	s.stageBase = uint64(cfg.Frames * cfg.FrameSize)
 	size := (cfg.Frames + stageFrames(cfg.DeviceMemory, cfg.FrameSize)) * cfg.FrameSize
-	s.umem, err = unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	// The UMEM is a memfd so that a new daemon taking over (Handover)
+	// maps the very pages the kernel fills.
+	if s.umemFD, err = unix.MemfdCreate("bypassd-umem", unix.MFD_CLOEXEC); err != nil {
+		return nil, fmt.Errorf("allocate %d-byte UMEM: memfd: %w", size, err)
+	}
+	if err = unix.Ftruncate(s.umemFD, int64(size)); err != nil {
+		return nil, fmt.Errorf("allocate %d-byte UMEM: %w", size, err)
+	}
+	s.umem, err = unix.Mmap(s.umemFD, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
 		return nil, fmt.Errorf("allocate %d-byte UMEM: %w", size, err)
 	}
@@ -235,29 +245,9 @@ func open(cfg Config, zeroCopy bool) (_ *Socket, err error) {
 			return nil, fmt.Errorf("size ring %d to %d: %w", o, n, err)
 		}
 	}
-	var off unix.XDPMmapOffsets
-	optlen := uint32(unsafe.Sizeof(off))
-	if _, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_XDP, unix.XDP_MMAP_OFFSETS,
-		uintptr(unsafe.Pointer(&off)), uintptr(unsafe.Pointer(&optlen)), 0); e != 0 {
-		return nil, fmt.Errorf("read ring offsets: %w", e)
+	if err := s.mapRings(n); err != nil {
+		return nil, err
 	}
-	rm, err := mapRing(fd, unix.XDP_UMEM_PGOFF_FILL_RING, off.Fr, n, 8)
-	if err != nil {
-		return nil, fmt.Errorf("map fill ring: %w", err)
-	}
-	s.fill = newAddrRing(rm, off.Fr)
-	if rm, err = mapRing(fd, unix.XDP_UMEM_PGOFF_COMPLETION_RING, off.Cr, n, 8); err != nil {
-		return nil, fmt.Errorf("map completion ring: %w", err)
-	}
-	s.comp = newAddrRing(rm, off.Cr)
-	if rm, err = mapRing(fd, unix.XDP_PGOFF_RX_RING, off.Rx, n, unsafe.Sizeof(unix.XDPDesc{})); err != nil {
-		return nil, fmt.Errorf("map RX ring: %w", err)
-	}
-	s.rx = newDescRing(rm, off.Rx)
-	if rm, err = mapRing(fd, unix.XDP_PGOFF_TX_RING, off.Tx, n, unsafe.Sizeof(unix.XDPDesc{})); err != nil {
-		return nil, fmt.Errorf("map TX ring: %w", err)
-	}
-	s.tx = newDescRing(rm, off.Tx)
 
 	// Half the frames receive: all of them wait in the fill ring. The fill
 	// ring holds at most RingSize entries, so a larger half is capped.
@@ -296,6 +286,34 @@ func open(cfg Config, zeroCopy bool) (_ *Socket, err error) {
 	s.pollFds[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
 	s.pollFds[1].Fd = -1
 	return s, nil
+}
+
+// mapRings maps the socket's four rings of n entries each.
+func (s *Socket) mapRings(n uint32) error {
+	var off unix.XDPMmapOffsets
+	optlen := uint32(unsafe.Sizeof(off))
+	if _, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(s.fd), unix.SOL_XDP, unix.XDP_MMAP_OFFSETS,
+		uintptr(unsafe.Pointer(&off)), uintptr(unsafe.Pointer(&optlen)), 0); e != 0 {
+		return fmt.Errorf("read ring offsets: %w", e)
+	}
+	rm, err := mapRing(s.fd, unix.XDP_UMEM_PGOFF_FILL_RING, off.Fr, n, 8)
+	if err != nil {
+		return fmt.Errorf("map fill ring: %w", err)
+	}
+	s.fill = newAddrRing(rm, off.Fr)
+	if rm, err = mapRing(s.fd, unix.XDP_UMEM_PGOFF_COMPLETION_RING, off.Cr, n, 8); err != nil {
+		return fmt.Errorf("map completion ring: %w", err)
+	}
+	s.comp = newAddrRing(rm, off.Cr)
+	if rm, err = mapRing(s.fd, unix.XDP_PGOFF_RX_RING, off.Rx, n, unsafe.Sizeof(unix.XDPDesc{})); err != nil {
+		return fmt.Errorf("map RX ring: %w", err)
+	}
+	s.rx = newDescRing(rm, off.Rx)
+	if rm, err = mapRing(s.fd, unix.XDP_PGOFF_TX_RING, off.Tx, n, unsafe.Sizeof(unix.XDPDesc{})); err != nil {
+		return fmt.Errorf("map TX ring: %w", err)
+	}
+	s.tx = newDescRing(rm, off.Tx)
+	return nil
 }
 
 func bindError(cfg Config, zeroCopy bool, err error) error {
@@ -694,6 +712,10 @@ func (s *Socket) release() error {
 	if s.umem != nil {
 		_ = unix.Munmap(s.umem)
 		s.umem = nil
+	}
+	if s.umemFD >= 0 {
+		_ = unix.Close(s.umemFD)
+		s.umemFD = -1
 	}
 	if s.fd >= 0 {
 		err := unix.Close(s.fd)

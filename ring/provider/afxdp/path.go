@@ -1,8 +1,11 @@
 package afxdp
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/ring/qp"
@@ -43,9 +46,24 @@ func openXDPPath(pc qp.PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 		}
 	}()
 	prog := sp.prog
-	sock, err := Open(Config{Ifindex: pc.Ifindex, IfName: pc.Interface, Queue: pc.Queue,
+	cfg := Config{Ifindex: pc.Ifindex, IfName: pc.Interface, Queue: pc.Queue,
 		Frames: pc.Frames, FrameSize: pc.FrameSize, MTU: pc.MTU, Copy: pc.Copy, XDPMode: prog.Mode().String(),
-		DeviceMemory: pc.DeviceMemory, RXMetadata: prog.RXTimestamps()})
+		DeviceMemory: pc.DeviceMemory, RXMetadata: prog.RXTimestamps()}
+	var sock *Socket
+	if h := pc.AdoptPath; h != nil {
+		// The handed-over socket is in its XSKMAP slot already.
+		xsk, umem := h.XSK, h.UMEM
+		h.XSK, h.UMEM = -1, -1
+		var l Layout
+		if err = json.Unmarshal(h.Layout, &l); err != nil {
+			unix.Close(xsk)
+			unix.Close(umem)
+			return nil, nil, fmt.Errorf("handed-over socket layout: %w", err)
+		}
+		sock, err = Adopt(cfg, xsk, umem, l)
+	} else {
+		sock, err = Open(cfg)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -130,6 +148,11 @@ func (s *Steering) Close() error {
 // ClearSlot empties the ring's XSKMAP slot: the interface's frames of its
 // flows go to the kernel from now on (the hand-over's first step).
 func (s *Steering) ClearSlot() error { return s.prog.ClearSocket(s.slot) }
+
+// Forget drops the ring's references to flows without touching the
+// program's map: the ring was handed over, and the new daemon's ring (in
+// tests, in this very process) holds references of its own.
+func (s *Steering) Forget(flows []qp.Flow) { s.sp.forget(flows, s.slot) }
 
 // Abandon drops the ring's reference to the shared program like Close
 // does, but the last one closes this process's descriptors without

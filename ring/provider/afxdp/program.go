@@ -85,6 +85,27 @@ func (sp *sharedProgram) deleteFlow(f qp.Flow, slot uint32) error {
 	return nil
 }
 
+// forget drops slot's references to flows without touching the program's
+// map: the ring holding them was handed over, and the new daemon's ring
+// (in tests, in this very process) holds references of its own.
+func (sp *sharedProgram) forget(flows []qp.Flow, slot uint32) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	for _, f := range flows {
+		owners := sp.owners[f]
+		if owners[slot] == 0 {
+			continue
+		}
+		if owners[slot]--; owners[slot] == 0 {
+			delete(owners, slot)
+		}
+		if len(owners) == 0 {
+			delete(sp.owners, f)
+			delete(sp.steered, f)
+		}
+	}
+}
+
 // slotFlows lists the flows slot holds references to.
 func (sp *sharedProgram) slotFlows(slot uint32) []qp.Flow {
 	sp.mu.Lock()

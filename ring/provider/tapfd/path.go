@@ -15,8 +15,18 @@ func init() { qp.Register(Name, openTAPPath) }
 func openTAPPath(pc qp.PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	// The TAP queues at least as many frames as the fast path's receive
 	// ring holds: what the ring absorbs while its engine is busy.
-	dev, err := tap.Create(tap.DeviceConfig{Name: tap.DeviceName(pc.Ifindex, pc.Queue), MAC: pc.MAC, MTU: pc.MTU,
-		TxQueueLen: pc.Frames})
+	adopted := pc.AdoptPath != nil && pc.AdoptPath.TAP >= 0
+	var dev *tap.Device
+	if adopted {
+		// The old daemon's TAP device, with its filters until it removes
+		// them: the steering is made at Ring.Activate.
+		fd := pc.AdoptPath.TAP
+		pc.AdoptPath.TAP = -1
+		dev, err = tap.Adopt(fd)
+	} else {
+		dev, err = tap.Create(tap.DeviceConfig{Name: tap.DeviceName(pc.Ifindex, pc.Queue), MAC: pc.MAC, MTU: pc.MTU,
+			TxQueueLen: pc.Frames})
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -25,6 +35,9 @@ func openTAPPath(pc qp.PathConfig) (_ qp.Provider, _ qp.Steering, err error) {
 	prov, err := New(dev, Config{FrameSize: max(pc.FrameSize, pc.MTU+afxdp.FrameOverhead), Frames: pc.Frames})
 	if err != nil {
 		return nil, nil, err
+	}
+	if adopted {
+		return prov, nil, nil
 	}
 	// NewSteering also removes what a dead daemon left on the NIC.
 	steer, err := tap.NewSteering(pc.NS, pc.Ifindex, dev)

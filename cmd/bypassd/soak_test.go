@@ -1,6 +1,4 @@
-//go:build soak
-
-package soak
+package main
 
 import (
 	"bufio"
@@ -12,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,21 +23,23 @@ import (
 	"github.com/bypassd/bypassd/socket"
 )
 
+// The chaos soak: a bypassd process (this test binary, re-executed as the
+// daemon) serving a streaming client in a network namespace lab while, at
+// random, it is upgraded in place (--takeover), killed with -9 and
+// restarted, a second client is killed with -9, and the peer's link flaps.
+// It accounts for every datagram (received, or lost in a crash or flap
+// window, which it reports; lost anywhere else fails) and checks that the
+// daemon's descriptors, memory, tc filters, TAP devices, XDP program and
+// stats files do not grow. `make test` runs it for a minute; `make soak`
+// for SOAK_MINUTES (BYPASSD_SOAK_MINUTES).
+
 const (
-	envBin     = "BYPASSD_SOAK_BIN"
 	envMinutes = "BYPASSD_SOAK_MINUTES"
 	envVictim  = "BYPASSD_SOAK_VICTIM" // socket path: run as the victim client
 	envAddr    = "BYPASSD_SOAK_ADDR"
 	nsock      = 8  // the streaming client's sockets
 	nvictim    = 50 // the victim client's sockets
 )
-
-func TestMain(m *testing.M) {
-	if path := os.Getenv(envVictim); path != "" {
-		os.Exit(victim(path))
-	}
-	os.Exit(m.Run())
-}
 
 // victim binds nvictim sockets, says so, and holds them until killed.
 func victim(path string) int {
@@ -58,37 +59,38 @@ func victim(path string) int {
 	select {}
 }
 
-// daemon is one bypassd process.
-type daemon struct {
+// soakDaemon is one bypassd process.
+type soakDaemon struct {
 	cmd  *exec.Cmd
 	exit chan struct{}
 }
 
-type lab struct {
+type soakLab struct {
 	t    *testing.T
 	p    *netlab.Pair
 	bin  string
 	args []string
 	sock string
 	logf *os.File
-	d    *daemon
+	d    *soakDaemon
 }
 
-func (l *lab) start(extra ...string) *daemon {
+func (l *soakLab) start(extra ...string) *soakDaemon {
 	l.t.Helper()
 	cmd := l.p.A.NS.Command(context.Background(), l.bin, append(append([]string{}, l.args...), extra...)...)
+	cmd.Env = append(os.Environ(), envExec+"=1")
 	cmd.Stdout, cmd.Stderr = l.logf, l.logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		l.t.Fatal(err)
 	}
-	d := &daemon{cmd: cmd, exit: make(chan struct{})}
+	d := &soakDaemon{cmd: cmd, exit: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(d.exit) }()
 	return d
 }
 
 // ready waits until a client can say HELLO.
-func (l *lab) ready() {
+func (l *soakLab) ready() {
 	l.t.Helper()
 	for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if c, err := socket.Dial(l.sock); err == nil {
@@ -101,9 +103,9 @@ func (l *lab) ready() {
 	}
 }
 
-// stream is the client's traffic: a kernel peer sends to its sockets,
+// soakStream is the client's traffic: a kernel peer sends to its sockets,
 // which count what arrives.
-type stream struct {
+type soakStream struct {
 	mu       sync.Mutex
 	c        *socket.Client
 	socks    []*socket.UDPConn
@@ -113,7 +115,7 @@ type stream struct {
 	paused   atomic.Bool
 }
 
-func (s *stream) open(t *testing.T, l *lab) {
+func (s *soakStream) open(t *testing.T, l *soakLab) {
 	c, err := socket.Dial(l.sock)
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +144,7 @@ func (s *stream) open(t *testing.T, l *lab) {
 	s.mu.Unlock()
 }
 
-func (s *stream) close() {
+func (s *soakStream) close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, u := range s.socks {
@@ -156,7 +158,7 @@ func (s *stream) close() {
 
 // send runs the peer: ~4,000 datagrams/s of mixed sizes (some
 // fragmented) round robin over the sockets, until stop.
-func (s *stream) send(peer *net.UDPConn, stop <-chan struct{}) {
+func (s *soakStream) send(peer *net.UDPConn, stop <-chan struct{}) {
 	b := make([]byte, 3000)
 	for i := 0; ; i++ {
 		select {
@@ -190,7 +192,7 @@ func (s *stream) send(peer *net.UDPConn, stop <-chan struct{}) {
 
 // settle waits until what was sent arrived (or timeout) and returns the
 // shortfall.
-func (s *stream) settle(timeout time.Duration) uint64 {
+func (s *soakStream) settle(timeout time.Duration) uint64 {
 	end := time.Now().Add(timeout)
 	for s.received.Load() < s.sent.Load() && time.Now().Before(end) {
 		time.Sleep(10 * time.Millisecond)
@@ -222,7 +224,7 @@ func procRSS(pid int) int {
 	return 0
 }
 
-func (l *lab) sh(name string, args ...string) string {
+func (l *soakLab) sh(name string, args ...string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	out, _ := l.p.A.NS.Command(ctx, name, args...).CombinedOutput()
@@ -231,11 +233,14 @@ func (l *lab) sh(name string, args ...string) string {
 
 func TestSoak(t *testing.T) {
 	netlab.RequirePriv(t)
-	bin := os.Getenv(envBin)
-	if bin == "" {
-		t.Skip(envBin + " not set: run `make soak`")
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
 	}
-	minutes := 10.0
+	// The daemons' Pdeathsig fires when the forking OS thread exits.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	minutes := 1.0
 	if v := os.Getenv(envMinutes); v != "" {
 		var err error
 		if minutes, err = strconv.ParseFloat(v, 64); err != nil {
@@ -245,10 +250,16 @@ func TestSoak(t *testing.T) {
 	p := netlab.NewPair(t, netlab.Options{})
 	dir := t.TempDir()
 	logf, err := os.Create(filepath.Join(dir, "bypassd.log"))
+	defer func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("daemon log (warnings and errors):\n%s", tail(string(b), 60))
+		}
+	}()
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &lab{t: t, p: p, bin: bin, sock: filepath.Join(dir, "ctl.sock"), logf: logf,
+	l := &soakLab{t: t, p: p, bin: bin, sock: filepath.Join(dir, "ctl.sock"), logf: logf,
 		args: []string{"-i", p.A.Name, "--socket", filepath.Join(dir, "ctl.sock"), "--run-dir", dir,
 			"--stats-dir", filepath.Join(dir, "stats"), "--frames", "1024", "--queue-bytes", "1M", "--log-level", "warn"}}
 	l.d = l.start()
@@ -261,7 +272,7 @@ func TestSoak(t *testing.T) {
 		}
 	})
 	l.ready()
-	s := &stream{}
+	s := &soakStream{}
 	s.open(t, l)
 	defer s.close()
 	peer := p.B.NS.ListenUDP(t, netip.AddrPortFrom(p.B.Addr4(), 0))
@@ -274,12 +285,30 @@ func TestSoak(t *testing.T) {
 	filters := func() int { return strings.Count(l.sh("tc", "filter", "show", "dev", p.A.Name, "ingress"), "mirred") }
 	links := func() int { return strings.Count(l.sh("ip", "-o", "link", "show"), "\n") }
 	baseLinks := links()
+	// The interface's XDP program: exactly one, the same one across
+	// takeovers (a crash and restart attaches a new one).
+	xdpProgs := func() []string {
+		var ids []string
+		fs := strings.Fields(l.sh("ip", "-d", "link", "show", "dev", p.A.Name))
+		for i := 0; i+2 < len(fs); i++ {
+			if strings.HasPrefix(fs[i], "prog/xdp") && fs[i+1] == "id" {
+				ids = append(ids, fs[i+2])
+			}
+		}
+		return ids
+	}
+	statsFiles := func() int {
+		ents, _ := os.ReadDir(filepath.Join(dir, "stats"))
+		return len(ents)
+	}
+	firstStats := -1
+	programs := map[string]bool{}
 	type sample struct{ fds, rss int }
 	var first, last sample
 	counts := map[string]int{}
 	var lostCrash, lostFlap, lostElsewhere uint64
 	var fdMax int
-	self, _ := os.Executable()
+	self := bin
 	end := time.Now().Add(time.Duration(minutes * float64(time.Minute)))
 	start := time.Now()
 	var longestTakeover time.Duration
@@ -374,6 +403,16 @@ func TestSoak(t *testing.T) {
 			t.Errorf("after %s: %d links in the namespace, %d at start (TAP device leaked or missing):\n%s", action, got, baseLinks,
 				l.sh("ip", "-o", "link", "show"))
 		}
+		if ids := xdpProgs(); len(ids) != 1 {
+			t.Errorf("after %s: XDP programs on %s: %v, want exactly one", action, p.A.Name, ids)
+		} else {
+			programs[ids[0]] = true
+		}
+		if n := statsFiles(); firstStats < 0 {
+			firstStats = n
+		} else if n > firstStats+1 {
+			t.Errorf("after %s: %d stats files, %d after the first action (leak)", action, n, firstStats)
+		}
 		if t.Failed() {
 			break
 		}
@@ -389,9 +428,16 @@ func TestSoak(t *testing.T) {
   longest takeover (start of the new process to the old one's exit): %v
   daemon fds:         first %d, last %d, max %d
   daemon RSS:         first %d kB, last %d kB
-  tc filters now:     %d (bound sockets %d)`,
+  tc filters now:     %d (bound sockets %d)
+  links in the lab:   %d (at start %d)
+  XDP programs seen:  %d (one per crash and restart, plus the first: %d)
+  stats files:        %d (after the first action %d)`,
 		elapsed.Round(time.Second), counts, s.sent.Load(), float64(s.sent.Load())/elapsed.Seconds(), s.received.Load(),
-		lostCrash, lostFlap, lostElsewhere, longestTakeover, first.fds, last.fds, fdMax, first.rss, last.rss, filters(), nsock)
+		lostCrash, lostFlap, lostElsewhere, longestTakeover, first.fds, last.fds, fdMax, first.rss, last.rss, filters(), nsock,
+		links(), baseLinks, len(programs), counts["crash-restart"]+1, statsFiles(), firstStats)
+	if len(programs) > counts["crash-restart"]+1 {
+		t.Errorf("%d XDP programs over the run, %d crashes: a takeover attached a new one", len(programs), counts["crash-restart"])
+	}
 	if lostElsewhere > 0 {
 		t.Errorf("%d datagrams lost outside crash and flap windows", lostElsewhere)
 	}
@@ -401,4 +447,10 @@ func TestSoak(t *testing.T) {
 	if first.rss > 0 && last.rss > first.rss*3/2+20000 {
 		t.Errorf("daemon RSS grew from %d kB to %d kB", first.rss, last.rss)
 	}
+}
+
+// tail returns the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
