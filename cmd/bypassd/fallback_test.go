@@ -93,7 +93,7 @@ func kill9With100Flows(t *testing.T, queues int) {
 		t.Errorf("after the restart: %d filters, want the dead daemon's %d removed:\n%s", got, stale,
 			sh("tc", "filter", "show", "dev", lab.A.Name, "ingress"))
 	}
-	if !strings.Contains(d.log(), "dead daemon") {
+	if !d.logged("dead daemon", 10*time.Second) {
 		t.Errorf("the restarted daemon did not say it removed leftovers:\n%s", d.log())
 	}
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)

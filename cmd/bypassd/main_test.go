@@ -104,7 +104,8 @@ func (p *proc) log() string {
 }
 
 // logged waits up to d for a log line containing s: the daemon logs some
-// lines (a takeover's "took over") after "bypassd ready".
+// lines (a takeover's "took over") after "bypassd ready", and the log's
+// reader can still be behind when the process has exited.
 func (p *proc) logged(s string, d time.Duration) bool {
 	for end := time.Now().Add(d); ; time.Sleep(10 * time.Millisecond) {
 		if strings.Contains(p.log(), s) {
@@ -211,7 +212,7 @@ func TestDaemonProcess(t *testing.T) {
 	if rc := d2.wait(t); rc != 1 {
 		t.Errorf("second daemon exit status %d, want 1", rc)
 	}
-	if want := fmt.Sprintf("in use by another bypassd (pid %d)", d.cmd.Process.Pid); !strings.Contains(d2.log(), want) {
+	if want := fmt.Sprintf("in use by another bypassd (pid %d)", d.cmd.Process.Pid); !d2.logged(want, 10*time.Second) {
 		t.Errorf("second daemon's log lacks %q:\n%s", want, d2.log())
 	}
 
@@ -235,7 +236,7 @@ func TestDaemonProcess(t *testing.T) {
 		t.Error("XDP program left attached")
 	}
 	for _, want := range []string{`"msg":"signal received`, `"msg":"all clients disconnected"`, `"msg":"bypassd stopped"`, `"pid":`, `"iface":"` + lab.A.Name} {
-		if !strings.Contains(d.log(), want) {
+		if !d.logged(want, 10*time.Second) {
 			t.Errorf("log lacks %s:\n%s", want, d.log())
 		}
 	}

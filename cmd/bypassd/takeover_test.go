@@ -67,7 +67,7 @@ func TestTakeoverProcesses(t *testing.T) {
 	if rc := old.wait(t); rc != 0 {
 		t.Fatalf("the old daemon exited %d:\n%s", rc, old.log())
 	}
-	if !strings.Contains(old.log(), "handed over to the new daemon") || !next.logged(`"took over"`, 10*time.Second) {
+	if !old.logged("handed over to the new daemon", 10*time.Second) || !next.logged(`"took over"`, 10*time.Second) {
 		t.Errorf("handover not logged:\nold:\n%s\nnew:\n%s", old.log(), next.log())
 	}
 	exchange("after --takeover")
@@ -82,7 +82,7 @@ func TestTakeoverProcesses(t *testing.T) {
 	}
 	succ := successorPID(t, next.log())
 	t.Cleanup(func() { _ = syscall.Kill(succ, syscall.SIGTERM) })
-	if !strings.Contains(next.log(), "handed over to the new daemon") {
+	if !next.logged("handed over to the new daemon", 10*time.Second) {
 		t.Fatalf("SIGHUP did not hand over:\n%s", next.log())
 	}
 	exchange("after SIGHUP")
