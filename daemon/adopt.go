@@ -119,7 +119,7 @@ func Takeover(cfg config.Config, opts TakeoverOptions, log *zap.Logger) (_ *Daem
 			return nil, fmt.Errorf("daemon: takeover from pid %d: %w", oldPID, err)
 		}
 	}
-	if err := d.startAdopted(st, final); err != nil {
+	if err := d.startAdopted(st, final, tc.AwaitCounters); err != nil {
 		return nil, fmt.Errorf("daemon: takeover from pid %d: %w", oldPID, err)
 	}
 	log.Info("took over", zap.Int("old_pid", oldPID), zap.Int("state_version", version), zap.Int("sessions", len(st.Sessions)),
@@ -338,7 +338,7 @@ func (d *Daemon) discardBuilt() {
 // startAdopted makes a built daemon serve: counters carried over, the rings'
 // engines started where the old daemon's stopped (final is its last word),
 // stats, metrics and the sessions.
-func (d *Daemon) startAdopted(st *takeover.State, final *takeover.Final) error {
+func (d *Daemon) startAdopted(st *takeover.State, final *takeover.Final, moreCounters func() (map[uint32]map[string]uint64, error)) error {
 	// Engines first: counters are added to, so seeding them after
 	// loses nothing, and the blackout ends sooner.
 	for i, ri := range d.rings {
@@ -376,7 +376,15 @@ func (d *Daemon) startAdopted(st *takeover.State, final *takeover.Final) error {
 			}
 		}
 	}
+	// With version 2 the endpoint counters follow the engines' state.
+	eps, err := moreCounters()
+	if err != nil {
+		return fmt.Errorf("endpoint counters: %w", err)
+	}
 	for id, c := range final.Endpoints {
+		counters[id] = c
+	}
+	for id, c := range eps {
 		counters[id] = c
 	}
 	for _, s := range d.adopted {

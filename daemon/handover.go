@@ -264,6 +264,13 @@ func (d *Daemon) handOver(version int, parked []*session, tc *takeover.Conn, log
 	for _, r := range rings {
 		final.Rings = append(final.Rings, ringCounters(r))
 	}
+	if version >= 2 {
+		// The engines' state first: the new daemon starts them on it,
+		// and the endpoint counters follow while they run.
+		if err := tc.ReleasedHead(final, true); err != nil {
+			log.Warn("cannot tell the new daemon the rings are free", zap.Error(err))
+		}
+	}
 	for _, s := range parked {
 		for id, k := range s.sockets {
 			if k.ep != nil {
@@ -271,7 +278,13 @@ func (d *Daemon) handOver(version int, parked []*session, tc *takeover.Conn, log
 			}
 		}
 	}
-	if err := tc.Released(final, version); err != nil {
+	var err error
+	if version >= 2 {
+		err = tc.ReleasedCounters(final.Endpoints)
+	} else {
+		err = tc.Released(final, version)
+	}
+	if err != nil {
 		log.Warn("cannot tell the new daemon the rings are free", zap.Error(err))
 	}
 	if version >= 2 {

@@ -60,8 +60,9 @@ type Conn struct {
 	rc   syscall.RawConn
 	rbuf []byte
 	oob  []byte
-	// more is the last received packet's flagMore.
-	more bool
+	// more is the last received packet's flagMore; countersPending says
+	// that endpoint counters follow a RELEASED head.
+	more, counters, countersPending bool
 }
 
 // NewConn wraps fd and takes ownership of it.
@@ -89,6 +90,10 @@ func (c *Conn) SetDeadline(t time.Time) error { return c.f.SetDeadline(t) }
 // in the next packet of the same kind (a RELEASED longer than one packet,
 // state version 2 on).
 const flagMore = 1
+
+// flagCounters on the last packet of a RELEASED head says that endpoint
+// counters follow (ReleasedCounters).
+const flagCounters = 2
 
 func (c *Conn) send(kind byte, payload []byte, fds []int) error {
 	return c.sendFlags(kind, 0, payload, fds)
@@ -175,7 +180,7 @@ func (c *Conn) recv() (kind byte, payload []byte, fds []int, err error) {
 		closeAll(fds)
 		return 0, nil, nil, &RefusedError{Reason: string(c.rbuf[headerLen:n])}
 	}
-	c.more = c.rbuf[5]&flagMore != 0
+	c.more, c.counters = c.rbuf[5]&flagMore != 0, c.rbuf[5]&flagCounters != 0
 	return kind, append([]byte(nil), c.rbuf[headerLen:n]...), fds, nil
 }
 
@@ -287,20 +292,60 @@ func (c *Conn) Verdict() error {
 }
 
 // Released tells the taker that the data path is released, with the
-// counters that moved since the document (and the engines' state). From
-// state version 2 on it takes as many packets as it needs; a version 1
-// taker reads one, so counters past one packet are dropped for it rather
-// than the upgrade.
+// counters that moved since the document (and the engines' state). A
+// version 1 taker reads one packet, so counters past one packet are
+// dropped for it rather than the upgrade. From version 2 on it is
+// ReleasedHead and ReleasedCounters.
 func (c *Conn) Released(f *Final, version int) error {
+	if version >= 2 {
+		if err := c.ReleasedHead(f, len(f.Endpoints) > 0); err != nil {
+			return err
+		}
+		if len(f.Endpoints) == 0 {
+			return nil
+		}
+		return c.ReleasedCounters(f.Endpoints)
+	}
 	b, err := json.Marshal(f)
 	if err != nil {
 		return fmt.Errorf("takeover: encode final counters: %w", err)
 	}
-	if version < 2 {
-		if len(b) > chunkBytes {
-			b = []byte(`{"rings":[]}`)
+	if len(b) > chunkBytes {
+		b = []byte(`{"rings":[]}`)
+	}
+	return c.send(kindReleased, b, nil)
+}
+
+// ReleasedHead is the first part of a version 2 RELEASED: f without its
+// endpoint counters (the engines' state fits one packet unless the UMEMs
+// are very large), so the taker can start its engines at once; with more,
+// ReleasedCounters must follow.
+func (c *Conn) ReleasedHead(f *Final, more bool) error {
+	head := *f
+	head.Endpoints = nil
+	b, err := json.Marshal(&head)
+	if err != nil {
+		return fmt.Errorf("takeover: encode final state: %w", err)
+	}
+	for len(b) > chunkBytes {
+		if err := c.sendFlags(kindReleased, flagMore, b[:chunkBytes], nil); err != nil {
+			return err
 		}
-		return c.send(kindReleased, b, nil)
+		b = b[chunkBytes:]
+	}
+	var flags byte
+	if more {
+		flags = flagCounters
+	}
+	return c.sendFlags(kindReleased, flags, b, nil)
+}
+
+// ReleasedCounters sends the endpoint counters after ReleasedHead, in as
+// many packets as they need.
+func (c *Conn) ReleasedCounters(eps map[uint32]map[string]uint64) error {
+	b, err := json.Marshal(eps)
+	if err != nil {
+		return fmt.Errorf("takeover: encode final counters: %w", err)
 	}
 	for len(b) > chunkBytes {
 		if err := c.sendFlags(kindReleased, flagMore, b[:chunkBytes], nil); err != nil {
@@ -311,8 +356,23 @@ func (c *Conn) Released(f *Final, version int) error {
 	return c.send(kindReleased, b, nil)
 }
 
-// AwaitReleased waits for the offerer's RELEASED.
+// AwaitReleased waits for the offerer's RELEASED (version 2: its head;
+// AwaitCounters then reads the endpoint counters).
 func (c *Conn) AwaitReleased() (*Final, error) {
+	all, err := c.chunks()
+	if err != nil {
+		return nil, err
+	}
+	c.countersPending = c.counters
+	var f Final
+	if err := json.Unmarshal(all, &f); err != nil {
+		return nil, fmt.Errorf("takeover: final counters: %w", err)
+	}
+	return &f, nil
+}
+
+// chunks reads RELEASED packets up to one without flagMore.
+func (c *Conn) chunks() ([]byte, error) {
 	var all []byte
 	for {
 		p, _, err := c.expect(kindReleased)
@@ -321,17 +381,30 @@ func (c *Conn) AwaitReleased() (*Final, error) {
 		}
 		all = append(all, p...)
 		if !c.more {
-			break
+			return all, nil
 		}
 		if len(all) > maxDoc {
-			return nil, errors.New("takeover: final counters longer than a state document may be")
+			return nil, errors.New("takeover: RELEASED longer than a state document may be")
 		}
 	}
-	var f Final
-	if err := json.Unmarshal(all, &f); err != nil {
+}
+
+// AwaitCounters reads the endpoint counters that follow a version 2
+// RELEASED head (nil if none do).
+func (c *Conn) AwaitCounters() (map[uint32]map[string]uint64, error) {
+	if !c.countersPending {
+		return nil, nil
+	}
+	c.countersPending = false
+	all, err := c.chunks()
+	if err != nil {
+		return nil, err
+	}
+	var eps map[uint32]map[string]uint64
+	if err := json.Unmarshal(all, &eps); err != nil {
 		return nil, fmt.Errorf("takeover: final counters: %w", err)
 	}
-	return &f, nil
+	return eps, nil
 }
 
 // Files are received descriptors, by index. Each is taken at most once;

@@ -1,6 +1,7 @@
 package takeover
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -129,14 +130,20 @@ func TestOfferReceiveRoundTrip(t *testing.T) {
 	}
 	<-errc
 	// Counters of 5,000 endpoints take several packets.
-	final := &Final{Rings: []map[string]uint64{{"rx_packets": 9}}, Endpoints: map[uint32]map[string]uint64{}}
+	// A head (the engines' state) longer than a packet is chunked too.
+	final := &Final{Rings: []map[string]uint64{{"rx_packets": 9}}, Endpoints: map[uint32]map[string]uint64{},
+		Paths: []json.RawMessage{json.RawMessage(`"` + strings.Repeat("x", 3*chunkBytes) + `"`)}}
 	for i := range uint32(5000) {
 		final.Endpoints[i] = map[string]uint64{"rx_packets": uint64(i)}
 	}
 	go func() { errc <- off.Released(final, Version) }()
 	f, err := take.AwaitReleased()
-	if err != nil || f.Rings[0]["rx_packets"] != 9 || len(f.Endpoints) != 5000 || f.Endpoints[4999]["rx_packets"] != 4999 {
-		t.Fatalf("released: %d rings, %d endpoints, %v", len(f.Rings), len(f.Endpoints), err)
+	if err != nil || f.Rings[0]["rx_packets"] != 9 || len(f.Endpoints) != 0 || len(f.Paths) != 1 || len(f.Paths[0]) != 3*chunkBytes+2 {
+		t.Fatalf("released head: %d rings, %d endpoints, %v", len(f.Rings), len(f.Endpoints), err)
+	}
+	eps, err := take.AwaitCounters()
+	if err != nil || len(eps) != 5000 || eps[4999]["rx_packets"] != 4999 {
+		t.Fatalf("released counters: %d endpoints, %v", len(eps), err)
 	}
 	if err := <-errc; err != nil {
 		t.Fatal(err)
