@@ -658,16 +658,19 @@ func (c *TCPConn) reap() {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	// Segments the peer had in flight when the connection ended (after a
-	// reset, a whole window of them) still arrive for a while. While the
-	// flow is steered the stack answers them; unsteered, they reach the
-	// kernel, which answers with resets of its own and counts them.
+	// The port is free at once (a server restarting on it binds again, as
+	// with SO_REUSEADDR in the kernel). Segments the peer had in flight
+	// when the connection ended (after a reset, a whole window of them)
+	// still arrive for a while: while the flow is steered the stack
+	// answers them; unsteered, they reach the kernel, which answers with
+	// resets of its own and counts them. Flow entries are counted, so a
+	// new connection with the same addresses keeps its own.
+	c.port.unref()
 	select {
 	case <-c.r.done:
 	case <-time.After(straggleTime):
 	}
 	c.r.unsteerTCP([]qp.Flow{c.flow})
-	c.port.unref()
 }
 
 // straggleTime is how long a finished connection's flow stays steered to

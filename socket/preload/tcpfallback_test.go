@@ -74,10 +74,6 @@ func TestTCPListenerRestartAndFallback(t *testing.T) {
 			t.Fatalf("run %d: read %q, %v\n%s", i, b, err, log)
 		}
 		_ = cmd.Wait()
-		// The daemon keeps a finished connection's flow and port for
-		// 500 ms (ring's straggleTime: segments still in flight reach its
-		// stack, not the kernel); a restart within that gets EADDRINUSE.
-		time.Sleep(time.Second)
 	}
 	l.checkTCPPath(t, before, 0, 4)
 
