@@ -16,6 +16,15 @@
 // order on one link, so this is the rare case), and the two halves of that
 // datagram are then lost to both receivers.
 //
+// VXLAN overlays: a flow with a VNI (Flow.VNI, Flow.VXLANPort) lives inside
+// a tunnel. While such flows exist, the program looks into unfragmented
+// UDP datagrams to their VXLAN ports (at most MaxVXLANPorts, counted in the
+// vxlan_ports map): the inner Ethernet frame is parsed like an outer one
+// and looked up with the VNI in the key, so only the overlay socket's
+// datagrams are redirected (whole, outer headers included; the engine
+// decapsulates). Other VNIs, ARP and everything else in the tunnel reach the
+// kernel's vxlan device unchanged.
+//
 // The package does not own AF_XDP sockets, UMEM or rings (package ring creates
 // them and hands their fds to Program.SetSocket), nor the policy of which
 // flows are offloaded (package daemon).

@@ -114,8 +114,12 @@ func TestFlowKeyRoundTrip(t *testing.T) {
 				Src: netip.MustParseAddrPort("[2001:db8::2]:0")},
 		},
 	}
+	vx := Flow{Proto: unix.IPPROTO_UDP, Dst: netip.MustParseAddrPort("192.168.17.1:5000"), VNI: 0xabcdef, VXLANPort: 4789}
+	tests = append(tests, struct{ in, want Flow }{vx, vx})
 	for _, tc := range tests {
-		if got := mustKey(t, tc.in).flow(); got != tc.want {
+		var v flowVal
+		binary.BigEndian.PutUint16(v.VXLANPort[:], tc.in.VXLANPort)
+		if got := mustKey(t, tc.in).flow(v); got != tc.want {
 			t.Errorf("round trip of %s = %s, want %s", tc.in, got, tc.want)
 		}
 	}
@@ -135,6 +139,10 @@ func TestFlowKeyRejects(t *testing.T) {
 		{"unspecified dst", Flow{Proto: unix.IPPROTO_UDP, Dst: netip.MustParseAddrPort("0.0.0.0:53")}, "concrete"},
 		{"unspecified src", Flow{Proto: unix.IPPROTO_UDP, Dst: dst, Src: netip.MustParseAddrPort("[::]:9")}, "zero netip.AddrPort"},
 		{"family mismatch", Flow{Proto: unix.IPPROTO_UDP, Dst: dst, Src: netip.MustParseAddrPort("[2001:db8::1]:9")}, "both be IPv4"},
+		{"overlay tcp", Flow{Proto: unix.IPPROTO_TCP, Dst: dst, VNI: 1, VXLANPort: 4789}, "only UDP"},
+		{"vni too big", Flow{Proto: unix.IPPROTO_UDP, Dst: dst, VNI: 1 << 24, VXLANPort: 4789}, "VNI 16777216 out of range"},
+		{"port without vni", Flow{Proto: unix.IPPROTO_UDP, Dst: dst, VXLANPort: 4789}, "VNI 0 out of range"},
+		{"vni without port", Flow{Proto: unix.IPPROTO_UDP, Dst: dst, VNI: 7}, "needs its VXLAN port"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -201,6 +209,11 @@ func TestObjectMatchesGoMirrors(t *testing.T) {
 	flows := spec.Maps[steerMapFlows]
 	checkLayout(t, flowKey{}, flows.Key)
 	checkLayout(t, flowVal{}, flows.Value)
+	vp := spec.Maps[steerMapVxlanPorts]
+	checkLayout(t, vxlanPorts{}, vp.Value)
+	if vp.Type != ebpf.Array || vp.MaxEntries != 1 {
+		t.Errorf("vxlan_ports: type %v max %d, want Array max 1", vp.Type, vp.MaxEntries)
+	}
 	if flows.Type != ebpf.Hash || flows.MaxEntries != DefaultMaxFlows {
 		t.Errorf("flows: type %v max %d, want Hash max %d", flows.Type, flows.MaxEntries, DefaultMaxFlows)
 	}

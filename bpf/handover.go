@@ -39,7 +39,7 @@ func (h Handles) fds() []int {
 // mapsByName lists the program's maps with their object names.
 func (m *steerMaps) byName() map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{"counters": &m.Counters, "five_tuples": &m.FiveTuples, "flows": &m.Flows,
-		"frags": &m.Frags, "xsks": &m.Xsks}
+		"frags": &m.Frags, "vxlan_ports": &m.VxlanPorts, "xsks": &m.Xsks}
 }
 
 // Handover returns duplicates of the program's descriptors (the caller's

@@ -1,9 +1,11 @@
 package bpf
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -95,7 +97,9 @@ type Program struct {
 	closed bool
 	// fiveMu serializes changes of 5-tuple flows with the count of them
 	// the program reads.
-	fiveMu  sync.Mutex
+	fiveMu sync.Mutex
+	// vxMu serializes changes of overlay flows with the VXLAN ports' counts.
+	vxMu    sync.Mutex
 	objs    steerMaps
 	prog    *ebpf.Program
 	link    link.Link
@@ -337,7 +341,7 @@ func (p *Program) Slots() int { return int(p.slots) }
 func (p *Program) Ifindex() int { return p.ifindex }
 
 // AddFlow steers f to slot, replacing any previous slot for f.
-func (p *Program) AddFlow(f Flow, slot uint32) error {
+func (p *Program) AddFlow(f Flow, slot uint32) (err error) {
 	k, err := f.key()
 	if err != nil {
 		return err
@@ -350,6 +354,24 @@ func (p *Program) AddFlow(f Flow, slot uint32) error {
 	if p.closed {
 		return errClosed
 	}
+	val := flowVal{Slot: slot}
+	if f.VNI != 0 {
+		// The port's count of overlay flows changes with new keys only.
+		p.vxMu.Lock()
+		defer p.vxMu.Unlock()
+		var v flowVal
+		if p.objs.Flows.Lookup(&k, &v) != nil {
+			if err := p.countVXLANPort(f, +1); err != nil {
+				return err
+			}
+			defer func() {
+				if err != nil {
+					_ = p.countVXLANPort(f, -1)
+				}
+			}()
+		}
+		binary.BigEndian.PutUint16(val.VXLANPort[:], f.VXLANPort)
+	}
 	five := f.Src.IsValid()
 	if five {
 		// The count of 5-tuple entries changes with new keys only.
@@ -360,7 +382,7 @@ func (p *Program) AddFlow(f Flow, slot uint32) error {
 			five = false
 		}
 	}
-	if err := p.objs.Flows.Update(&k, &flowVal{Slot: slot}, ebpf.UpdateAny); err != nil {
+	if err := p.objs.Flows.Update(&k, &val, ebpf.UpdateAny); err != nil {
 		if errors.Is(err, unix.E2BIG) {
 			// ENOSPC, not the map's E2BIG: the errno a client gets for a
 			// full table (as for a full rate table).
@@ -389,6 +411,57 @@ func (p *Program) countFiveTuples(delta int32) error {
 	return nil
 }
 
+// countVXLANPort adjusts how many overlay flows use f's VXLAN port (p.vxMu
+// held): the program looks into the datagrams of ports with flows only.
+func (p *Program) countVXLANPort(f Flow, delta int32) error {
+	var vp vxlanPorts
+	if err := p.objs.VxlanPorts.Lookup(uint32(0), &vp); err != nil {
+		return fmt.Errorf("bpf: read the VXLAN ports: %w", err)
+	}
+	var port [2]byte
+	binary.BigEndian.PutUint16(port[:], f.VXLANPort)
+	i := slices.Index(vp.Port[:], port)
+	if i < 0 {
+		if delta < 0 {
+			return nil
+		}
+		if i = slices.Index(vp.Port[:], [2]byte{}); i < 0 {
+			return fmt.Errorf("bpf: add flow %s: %d VXLAN ports are in use already, the most the program looks into; use one dstport for the overlays: %w",
+				f, MaxVXLANPorts, unix.ENOSPC)
+		}
+		vp.Port[i] = port
+	}
+	vp.Refs[i] = uint32(int32(vp.Refs[i]) + delta)
+	if vp.Refs[i] == 0 || int32(vp.Refs[i]) < 0 {
+		vp.Port[i], vp.Refs[i] = [2]byte{}, 0
+	}
+	if err := p.objs.VxlanPorts.Update(uint32(0), &vp, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("bpf: update the VXLAN ports: %w", err)
+	}
+	return nil
+}
+
+// VXLANPorts returns the VXLAN ports the program looks into, with the
+// number of overlay flows of each.
+func (p *Program) VXLANPorts() (map[uint16]uint32, error) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return nil, errClosed
+	}
+	var vp vxlanPorts
+	if err := p.objs.VxlanPorts.Lookup(uint32(0), &vp); err != nil {
+		return nil, fmt.Errorf("bpf: read the VXLAN ports: %w", err)
+	}
+	out := map[uint16]uint32{}
+	for i, port := range vp.Port {
+		if port != ([2]byte{}) {
+			out[binary.BigEndian.Uint16(port[:])] = vp.Refs[i]
+		}
+	}
+	return out, nil
+}
+
 // DeleteFlow removes f. If f is not present the error matches both
 // os.ErrNotExist and ebpf.ErrKeyNotExist.
 func (p *Program) DeleteFlow(f Flow) error {
@@ -405,8 +478,17 @@ func (p *Program) DeleteFlow(f Flow) error {
 		p.fiveMu.Lock()
 		defer p.fiveMu.Unlock()
 	}
+	if f.VNI != 0 {
+		p.vxMu.Lock()
+		defer p.vxMu.Unlock()
+	}
 	if err := p.objs.Flows.Delete(&k); err != nil {
 		return fmt.Errorf("bpf: delete flow %s: %w", f, err)
+	}
+	if f.VNI != 0 {
+		if err := p.countVXLANPort(f, -1); err != nil {
+			return err
+		}
 	}
 	if f.Src.IsValid() {
 		return p.countFiveTuples(-1)
@@ -430,7 +512,7 @@ func (p *Program) Flows() (map[Flow]uint32, error) {
 	)
 	it := p.objs.Flows.Iterate()
 	for it.Next(&k, &v) {
-		out[k.flow()] = v.Slot
+		out[k.flow(v)] = v.Slot
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("bpf: list flows: %w", err)

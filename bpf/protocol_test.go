@@ -3,9 +3,12 @@ package bpf
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/bypassd/bypassd/internal/netlab"
 	"golang.org/x/sys/unix"
@@ -333,5 +336,131 @@ func TestTCPSteering(t *testing.T) {
 	}
 	if d := counters(t, p).sub(before); d.Passed != uint64(len(passed)) || d.Malformed != 1 || d.Redirected != 1 {
 		t.Fatalf("counter delta %+v, want %d passed, 1 malformed, 1 redirected", d, len(passed))
+	}
+}
+
+// TestVXLANSteering injects VXLAN datagrams: a flow inside an overlay is
+// steered by (VNI, inner tuple) only while its port is in use; other VNIs,
+// other inner ports, other UDP ports, ARP inside the tunnel and a header
+// without the I flag reach the kernel.
+func TestVXLANSteering(t *testing.T) {
+	t.Parallel()
+	lab := netlab.NewPair(t, netlab.Options{})
+	p := attachIn(t, lab.A, Options{Mode: ModeNative})
+	x := newTestXSK(t, lab.A.NS, lab.A.Index)
+	if err := p.SetSocket(0, x.fd); err != nil {
+		t.Fatal(err)
+	}
+	const vni, vxPort, port = 0x171717, 4789, 7000
+	inner4 := netip.MustParseAddr("192.168.17.1")
+	inner6 := netip.MustParseAddr("fd17::1")
+	flows := []Flow{
+		{Proto: unix.IPPROTO_UDP, Dst: netip.AddrPortFrom(inner4, port), VNI: vni, VXLANPort: vxPort},
+		{Proto: unix.IPPROTO_UDP, Dst: netip.AddrPortFrom(inner6, port), VNI: vni, VXLANPort: vxPort},
+	}
+	for _, f := range flows {
+		if err := p.AddFlow(f, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ports, err := p.VXLANPorts(); err != nil || len(ports) != 1 || ports[vxPort] != 2 {
+		t.Fatalf("VXLAN ports %v (%v), want 4789 used by 2 flows", ports, err)
+	}
+	got, err := p.Flows()
+	if err != nil || got[flows[0]] != 0 || len(got) != 2 {
+		t.Fatalf("Flows() = %v (%v), want the overlay flows back with their port", got, err)
+	}
+	b := frameBuilder{lab}
+	innerFrame := func(dst netip.Addr, dport uint16, payload string) []byte {
+		u := udpDatagram(5555, dport, []byte(payload))
+		var ip []byte
+		if dst.Is4() {
+			s, d := netip.MustParseAddr("192.168.17.2").As4(), dst.As4()
+			ip = []byte{0x45, 0, byte((20 + len(u)) >> 8), byte(20 + len(u)), 0, 1, 0, 0, 64, unix.IPPROTO_UDP, 0, 0}
+			ip = append(append(ip, s[:]...), d[:]...)
+			return append(append([]byte{2, 0, 0, 0, 0x17, 1, 2, 0, 0, 0, 0x17, 2, 0x08, 0x00}, ip...), u...)
+		}
+		s, d := netip.MustParseAddr("fd17::2").As16(), dst.As16()
+		ip = []byte{0x60, 0, 0, 0, byte(len(u) >> 8), byte(len(u)), unix.IPPROTO_UDP, 64}
+		ip = append(append(ip, s[:]...), d[:]...)
+		return append(append([]byte{2, 0, 0, 0, 0x17, 1, 2, 0, 0, 0, 0x17, 2, 0x86, 0xdd}, ip...), u...)
+	}
+	outer := func(udpPort uint16, flags byte, vni uint32, inner []byte) []byte {
+		vx := []byte{flags, 0, 0, 0, byte(vni >> 16), byte(vni >> 8), byte(vni), 0}
+		u := udpDatagram(40000, udpPort, append(vx, inner...))
+		return b.eth(nil, 0x0800, append(b.ipv4(0x45, unix.IPPROTO_UDP, 20+len(u)), u...)...)
+	}
+	arp := append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0x17, 2, 0x08, 0x06}, make([]byte, 28)...)
+	for _, c := range []struct {
+		name    string
+		frame   []byte
+		steered bool
+	}{
+		{"IPv4 in the VNI", outer(vxPort, 0x08, vni, innerFrame(inner4, port, "v4 steered")), true},
+		{"IPv6 in the VNI", outer(vxPort, 0x08, vni, innerFrame(inner6, port, "v6 steered")), true},
+		{"other VNI", outer(vxPort, 0x08, vni+1, innerFrame(inner4, port, "other vni")), false},
+		{"other inner port", outer(vxPort, 0x08, vni, innerFrame(inner4, port+1, "other port")), false},
+		{"not a VXLAN port", outer(8472, 0x08, vni, innerFrame(inner4, port, "port 8472")), false},
+		{"no I flag", outer(vxPort, 0x00, vni, innerFrame(inner4, port, "no I flag")), false},
+		{"ARP in the tunnel", outer(vxPort, 0x08, vni, arp), false},
+		{"truncated VXLAN header", outer(vxPort, 0x08, vni, nil)[:14+20+8+4], false},
+	} {
+		before := counters(t, p)
+		// The frame after it proves it was processed (native veth XDP
+		// keeps order).
+		marker := outer(vxPort, 0x08, vni, innerFrame(inner4, port, "marker"))
+		inject(t, lab, c.frame, marker)
+		want := 1
+		if c.steered {
+			want = 2
+		}
+		frames := x.waitFrames(t, want)
+		if len(frames) != want || !bytes.HasSuffix(frames[len(frames)-1], []byte("marker")) {
+			t.Fatalf("%s: AF_XDP socket got %d frames, want %d", c.name, len(frames), want)
+		}
+		if c.steered && !bytes.Equal(frames[0], c.frame) {
+			t.Fatalf("%s: the redirected frame is not the one sent:\n%x\n%x", c.name, frames[0], c.frame)
+		}
+		if d := counters(t, p).sub(before); d.Redirected != uint64(want) {
+			t.Fatalf("%s: counter delta %+v, want Redirected %d", c.name, d, want)
+		}
+	}
+
+	// Without overlay flows the program stops looking into port 4789.
+	for _, f := range flows {
+		if err := p.DeleteFlow(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ports, err := p.VXLANPorts(); err != nil || len(ports) != 0 {
+		t.Fatalf("VXLAN ports after deleting the flows: %v (%v)", ports, err)
+	}
+	before := counters(t, p)
+	inject(t, lab, outer(vxPort, 0x08, vni, innerFrame(inner4, port, "gone")))
+	deadline := time.Now().Add(5 * time.Second)
+	for counters(t, p).sub(before).Passed == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if d := counters(t, p).sub(before); d.Redirected != 0 || d.Passed != 1 {
+		t.Fatalf("a deleted overlay flow: counter delta %+v, want Passed 1", d)
+	}
+
+	// Four ports at most; a fifth is refused with ENOSPC and changes
+	// nothing.
+	for i := range uint16(MaxVXLANPorts + 1) {
+		f := Flow{Proto: unix.IPPROTO_UDP, Dst: netip.AddrPortFrom(inner4, port+i), VNI: vni, VXLANPort: 5000 + i}
+		err := p.AddFlow(f, 0)
+		if i < MaxVXLANPorts && err != nil {
+			t.Fatal(err)
+		}
+		if i == MaxVXLANPorts && (!errors.Is(err, unix.ENOSPC) || !strings.Contains(err.Error(), "use one dstport")) {
+			t.Fatalf("fifth VXLAN port: %v, want ENOSPC", err)
+		}
+	}
+	if ports, _ := p.VXLANPorts(); len(ports) != MaxVXLANPorts {
+		t.Fatalf("VXLAN ports %v", ports)
+	}
+	if got, _ := p.Flows(); len(got) != MaxVXLANPorts {
+		t.Fatalf("flows after the refused one: %v", got)
 	}
 }

@@ -16,7 +16,7 @@ import (
 type steerFlowKey struct {
 	_     structs.HostLayout
 	Proto uint8
-	Pad   [3]uint8
+	Vni   [3]uint8
 	Dport uint16
 	Sport uint16
 	Daddr [16]uint8
@@ -24,9 +24,10 @@ type steerFlowKey struct {
 }
 
 type steerFlowVal struct {
-	_     structs.HostLayout
-	Slot  uint32
-	Flags uint32
+	_         structs.HostLayout
+	Slot      uint32
+	Vxlanport uint16
+	Pad       uint16
 }
 
 type steerFragKey struct {
@@ -39,6 +40,12 @@ type steerFragKey struct {
 	Daddr  [16]uint8
 }
 
+type steerVxlanPorts struct {
+	_    structs.HostLayout
+	Port [4]uint16
+	Refs [4]uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -47,6 +54,7 @@ const (
 	steerMapFiveTuples = "five_tuples"
 	steerMapFlows      = "flows"
 	steerMapFrags      = "frags"
+	steerMapVxlanPorts = "vxlan_ports"
 	steerMapXsks       = "xsks"
 	steerProgSteer     = "steer"
 	steerProgSteerTs   = "steer_ts"
@@ -106,6 +114,7 @@ type steerMapSpecs struct {
 	FiveTuples *ebpf.MapSpec `ebpf:"five_tuples"`
 	Flows      *ebpf.MapSpec `ebpf:"flows"`
 	Frags      *ebpf.MapSpec `ebpf:"frags"`
+	VxlanPorts *ebpf.MapSpec `ebpf:"vxlan_ports"`
 	Xsks       *ebpf.MapSpec `ebpf:"xsks"`
 }
 
@@ -139,6 +148,7 @@ type steerMaps struct {
 	FiveTuples *ebpf.Map `ebpf:"five_tuples"`
 	Flows      *ebpf.Map `ebpf:"flows"`
 	Frags      *ebpf.Map `ebpf:"frags"`
+	VxlanPorts *ebpf.Map `ebpf:"vxlan_ports"`
 	Xsks       *ebpf.Map `ebpf:"xsks"`
 }
 
@@ -148,6 +158,7 @@ func (m *steerMaps) Close() error {
 		m.FiveTuples,
 		m.Flows,
 		m.Frags,
+		m.VxlanPorts,
 		m.Xsks,
 	)
 }

@@ -24,7 +24,14 @@
  * (ctx->rx_queue_index): the kernel drops frames redirected to a socket of
  * another queue. The ring of that queue hands them to the flow's home ring.
  *
- * Layouts of flow_key, flow_val, frag_key and the counter indexes are
+ * VXLAN overlays: a UDP datagram to one of the ports in vxlan_ports (a
+ * VXLAN device's dstport that an overlay socket uses) is looked into: its
+ * inner frame is parsed like an outer one and looked up with the VNI in the
+ * key, so an overlay socket's frames are steered by (VNI, inner tuple) and
+ * everything else in the tunnel (ARP, other VNIs, unbound ports) goes to the
+ * kernel's vxlan device as before.
+ *
+ * Layouts of flow_key, flow_val, frag_key, vxlan_ports and the counter indexes are
  * mirrored in Go (bpf/flow.go) and checked against this object's BTF;
  * rx_meta and flow_meta are mirrored in bpf/rxmeta.go and checked against what the loaded
  * program writes.
@@ -45,10 +52,13 @@ char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
 /* Keys hold addresses as 16 bytes; IPv4 as ::ffff:a.b.c.d. Ports are in
  * network byte order, exactly as on the wire. A 3-tuple (any source) entry
- * has saddr all zero and sport 0. */
+ * has saddr all zero and sport 0. vni is the VXLAN network identifier
+ * (network order, as on the wire) of a flow inside an overlay, zero for a
+ * flow of the interface itself; the other fields are then the inner
+ * frame's. */
 struct flow_key {
 	__u8 proto;
-	__u8 pad[3];
+	__u8 vni[3];
 	__be16 dport;
 	__be16 sport;
 	__u8 daddr[16];
@@ -56,8 +66,18 @@ struct flow_key {
 };
 
 struct flow_val {
-	__u32 slot;  /* index into xsks */
-	__u32 flags; /* reserved, written as 0 */
+	__u32 slot;        /* index into xsks */
+	__be16 vxlanport;  /* an overlay flow's VXLAN port, else 0 (for listing) */
+	__u16 pad;
+};
+
+/* The VXLAN ports whose datagrams are looked into, with the number of
+ * overlay flows using each (kept by the loader); port 0 is an empty entry.
+ * One array entry, so the check costs one inlined lookup per UDP frame. */
+#define MAX_VXLAN_PORTS 4
+struct vxlan_ports {
+	__be16 port[MAX_VXLAN_PORTS];
+	__u32 refs[MAX_VXLAN_PORTS];
 };
 
 /* Identity of one fragmented datagram. proto is the IPv4 protocol field or
@@ -142,6 +162,13 @@ struct {
 } five_tuples SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct vxlan_ports);
+} vxlan_ports SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, CNT_MAX);
 	__type(key, __u32);
@@ -166,7 +193,17 @@ struct packet {
 	struct frag_key frag;
 	__u8 frag_kind;
 	__u8 last_frag; /* FRAG_LATER with More Fragments clear */
+	__u32 l4_off;   /* offset of a PARSE_UDP datagram's UDP header in the frame */
 };
+
+/* RFC 7348 section 5. */
+struct vxlanhdr {
+	__u8 flags; /* 0x08: the VNI is valid */
+	__u8 reserved1[3];
+	__u8 vni[3];
+	__u8 reserved2;
+};
+#define VXLAN_FLAG_I 0x08
 
 static __always_inline void count(__u32 idx)
 {
@@ -185,7 +222,7 @@ static __always_inline void set_v4_mapped(__u8 dst[16], const __u8 src[4])
 	__builtin_memcpy(dst + 12, src, 4);
 }
 
-static __always_inline int parse_udp(void *cur, void *data_end,
+static __always_inline int parse_udp(void *data, void *cur, void *data_end,
 				     struct packet *p)
 {
 	struct udphdr *udp = cur;
@@ -195,6 +232,7 @@ static __always_inline int parse_udp(void *cur, void *data_end,
 	p->key.proto = IPPROTO_UDP;
 	p->key.dport = udp->dest;
 	p->key.sport = udp->source;
+	p->l4_off = cur - data;
 	return PARSE_UDP;
 }
 
@@ -215,7 +253,7 @@ static __always_inline int parse_tcp(void *cur, void *data_end,
 	return PARSE_UDP;
 }
 
-static __always_inline int parse_ipv4(void *cur, void *data_end,
+static __always_inline int parse_ipv4(void *data, void *cur, void *data_end,
 				      struct packet *p)
 {
 	struct iphdr *iph = cur;
@@ -255,10 +293,10 @@ static __always_inline int parse_ipv4(void *cur, void *data_end,
 		return parse_tcp(cur + ihl * 4, data_end, p);
 	if (iph->protocol != IPPROTO_UDP)
 		return PARSE_NOT_OURS;
-	return parse_udp(cur + ihl * 4, data_end, p);
+	return parse_udp(data, cur + ihl * 4, data_end, p);
 }
 
-static __always_inline int parse_ipv6(void *cur, void *data_end,
+static __always_inline int parse_ipv6(void *data, void *cur, void *data_end,
 				      struct packet *p)
 {
 	struct ipv6hdr *ip6 = cur;
@@ -320,14 +358,14 @@ static __always_inline int parse_ipv6(void *cur, void *data_end,
 		return parse_tcp(cur, data_end, p);
 	if (nexthdr != IPPROTO_UDP)
 		return PARSE_NOT_OURS; /* includes chains longer than we walk */
-	return parse_udp(cur, data_end, p);
+	return parse_udp(data, cur, data_end, p);
 }
 
-static __always_inline int parse(struct xdp_md *ctx, struct packet *p)
+/* Parses the Ethernet frame at eth: the interface's, or the inner frame of
+ * a VXLAN datagram. */
+static __always_inline int parse_eth(void *data, struct ethhdr *eth,
+				     void *data_end, struct packet *p)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	struct ethhdr *eth = data;
 	void *cur;
 	__u16 proto;
 	int i;
@@ -351,10 +389,59 @@ static __always_inline int parse(struct xdp_md *ctx, struct packet *p)
 	}
 
 	if (proto == bpf_htons(ETH_P_IP))
-		return parse_ipv4(cur, data_end, p);
+		return parse_ipv4(data, cur, data_end, p);
 	if (proto == bpf_htons(ETH_P_IPV6))
-		return parse_ipv6(cur, data_end, p);
+		return parse_ipv6(data, cur, data_end, p);
 	return PARSE_NOT_OURS;
+}
+
+static __always_inline int parse(struct xdp_md *ctx, struct packet *p)
+{
+	void *data = (void *)(long)ctx->data;
+
+	return parse_eth(data, data, (void *)(long)ctx->data_end, p);
+}
+
+/* Reports whether p, a whole UDP datagram, goes to a VXLAN port in use. */
+static __always_inline int to_vxlan_port(const struct packet *p)
+{
+	__u32 zero = 0;
+	struct vxlan_ports *vp = bpf_map_lookup_elem(&vxlan_ports, &zero);
+	int i;
+
+	if (!vp || p->key.proto != IPPROTO_UDP || p->frag_kind != FRAG_NONE)
+		return 0;
+#pragma unroll
+	for (i = 0; i < MAX_VXLAN_PORTS; i++) {
+		if (vp->port[i] && vp->port[i] == p->key.dport)
+			return 1;
+	}
+	return 0;
+}
+
+/* Replaces p, the outer datagram, by the inner frame's tuple and VNI. A
+ * VXLAN header without a valid VNI is not ours: the kernel decides. */
+static __always_inline int parse_vxlan(struct xdp_md *ctx, struct packet *p)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 off = p->l4_off;
+	struct vxlanhdr *vx;
+	__u8 vni[3];
+
+	/* Headers end well before 4 KiB; the bound keeps the verifier's
+	 * offset range finite. */
+	if (off > 4096)
+		return PARSE_NOT_OURS;
+	vx = data + off + sizeof(struct udphdr);
+	if ((void *)(vx + 1) > data_end)
+		return PARSE_MALFORMED;
+	if (!(vx->flags & VXLAN_FLAG_I))
+		return PARSE_NOT_OURS;
+	__builtin_memcpy(vni, vx->vni, 3);
+	__builtin_memset(p, 0, sizeof(*p));
+	__builtin_memcpy(p->key.vni, vni, 3);
+	return parse_eth(data, (void *)(vx + 1), data_end, p);
 }
 
 /* Puts the frame's hardware receive timestamp into the metadata area. A
@@ -439,10 +526,14 @@ static __always_inline int steer_frame(struct xdp_md *ctx, int with_ts)
 	struct flow_val *val;
 	__u32 *fslot;
 	__u32 slot;
+	int res;
 
 	__builtin_memset(&p, 0, sizeof(p));
 
-	switch (parse(ctx, &p)) {
+	res = parse(ctx, &p);
+	if (res == PARSE_UDP && to_vxlan_port(&p))
+		res = parse_vxlan(ctx, &p);
+	switch (res) {
 	case PARSE_UDP:
 		break;
 	case PARSE_LATER_FRAG:

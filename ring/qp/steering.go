@@ -15,6 +15,10 @@ type Flow struct {
 	Proto uint8          // unix.IPPROTO_UDP
 	Dst   netip.AddrPort // a concrete local address and a port
 	Src   netip.AddrPort // zero value: any source
+	// VNI, when not 0, puts the flow inside a VXLAN overlay: Dst and Src
+	// are the inner datagram's, carried in UDP to VXLANPort.
+	VNI       uint32
+	VXLANPort uint16
 }
 
 // String renders the flow for errors and logs, e.g. "udp 10.0.0.1:53 from any".
@@ -26,6 +30,9 @@ func (f Flow) String() string {
 	src := "any"
 	if f.Src.IsValid() {
 		src = f.Src.String()
+	}
+	if f.VNI != 0 {
+		return fmt.Sprintf("%s %s from %s in vxlan %d port %d", proto, f.Dst, src, f.VNI, f.VXLANPort)
 	}
 	return fmt.Sprintf("%s %s from %s", proto, f.Dst, src)
 }
