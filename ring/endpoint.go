@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
@@ -29,6 +30,9 @@ type Endpoint struct {
 	peer  atomic.Pointer[netip.AddrPort]
 	opts  atomic.Pointer[HeaderOptions]
 	resv  *route.Reservation
+	// ov is the VXLAN overlay the endpoint is bound on (nil: the
+	// interface itself).
+	ov *overlay
 	// steered lists the destination addresses Bind steered to the ring.
 	steered []netip.Addr
 	// members is the endpoint's multicast memberships, replaced as a whole
@@ -163,7 +167,10 @@ func (r *Ring) Bind(addr netip.AddrPort, opts BindOptions) (_ *Endpoint, err err
 		return nil, fail(unix.EINVAL)
 	}
 	ip := addr.Addr()
-	var dsts []netip.Addr
+	var (
+		dsts []netip.Addr
+		vx   *netlink.Vxlan
+	)
 	if ip.IsUnspecified() {
 		if dsts, err = r.interfaceAddrs(ip.Is4()); err != nil {
 			return nil, fail(err)
@@ -175,12 +182,17 @@ func (r *Ring) Bind(addr netip.AddrPort, opts BindOptions) (_ *Endpoint, err err
 		// Bound to a group: it receives nothing until it joins it
 		// (JoinGroup steers the group then).
 	} else {
-		local, err := r.Owns(ip)
+		local, err := r.ownsLocal(ip)
 		if err != nil {
 			return nil, fail(err)
 		}
 		if !local {
-			return nil, fail(fmt.Errorf("%v is not an address of %s: %w", ip, r.cfg.Interface, unix.EADDRNOTAVAIL))
+			if vx, err = r.overlayOf(ip); err != nil {
+				return nil, fail(err)
+			}
+			if vx == nil {
+				return nil, fail(fmt.Errorf("%v is not an address of %s or of a VXLAN device over it: %w", ip, r.cfg.Interface, unix.EADDRNOTAVAIL))
+			}
 		}
 		dsts = []netip.Addr{ip}
 	}
@@ -204,6 +216,16 @@ func (r *Ring) Bind(addr netip.AddrPort, opts BindOptions) (_ *Endpoint, err err
 	if r.closed {
 		return nil, errRingClosed
 	}
+	if vx != nil {
+		if ep.ov, err = r.acquireOverlayLocked(vx); err != nil {
+			return nil, fail(err)
+		}
+		defer func() {
+			if err != nil {
+				r.closeOverlay(r.releaseOverlayLocked(ep.ov))
+			}
+		}()
+	}
 	if ep.resv, err = route.ReservePort(r.ns, network, addr, route.ReserveOptions{ReuseAddr: opts.ReuseAddr}); err != nil {
 		return nil, fail(err)
 	}
@@ -211,7 +233,7 @@ func (r *Ring) Bind(addr netip.AddrPort, opts BindOptions) (_ *Endpoint, err err
 	ep.steered = dsts
 	var added []qp.Flow
 	for _, d := range dsts {
-		f := r.udpFlow(netip.AddrPortFrom(d, ep.local.Port()))
+		f := ep.flow(netip.AddrPortFrom(d, ep.local.Port()))
 		if err := r.addFlowLocked(f); err != nil {
 			for _, a := range added {
 				r.delFlowLocked(a)
@@ -360,6 +382,9 @@ func (ep *Endpoint) Broken() bool { return ep.broken.Load() }
 // interface, so IGMP/MLD reports go out and the NIC accepts the group's MAC.
 func (ep *Endpoint) JoinGroup(group, source netip.Addr) error {
 	group, source = group.Unmap(), source.Unmap()
+	if ep.ov != nil {
+		return unixErr(unix.EOPNOTSUPP, "join %v: multicast on the VXLAN overlay %s is not carried by bypassd; bind an address of %s", group, ep.ov.name, ep.r.cfg.Interface)
+	}
 	if !group.IsMulticast() || group.Is4() != ep.local.Addr().Is4() {
 		return unixErr(unix.EINVAL, "join %v on %v: not a multicast group of the socket's family", group, ep.local)
 	}
@@ -505,15 +530,26 @@ func (r *Ring) retire(ep *Endpoint) {
 		r.mu.Lock()
 		r.table.Store(r.table.Load().withoutEndpoints(b.eps))
 		// Steering goes first so no new frame is redirected for the port.
-		var flows []qp.Flow
+		var (
+			flows []qp.Flow
+			gone  []*overlay
+		)
 		for e := range b.eps {
 			for _, d := range e.steered {
-				flows = append(flows, r.udpFlow(netip.AddrPortFrom(d, e.local.Port())))
+				flows = append(flows, e.flow(netip.AddrPortFrom(d, e.local.Port())))
+			}
+			if e.ov != nil {
+				if ov := r.releaseOverlayLocked(e.ov); ov != nil {
+					gone = append(gone, ov)
+				}
 			}
 		}
 		r.delFlowsLocked(flows)
 		r.mu.Unlock()
 		r.sync()
+		for _, ov := range gone {
+			r.closeOverlay(ov)
+		}
 		close(b.done)
 		r.retireMu.Lock()
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/bypassd/bypassd/ring/sched/qos"
 	"github.com/bypassd/bypassd/ring/wire/packet"
 	"github.com/bypassd/bypassd/ring/wire/reassembly"
+	"github.com/bypassd/bypassd/ring/wire/vxlan"
 )
 
 // Stats are a ring's counters. The engine updates them once per burst.
@@ -52,6 +53,10 @@ type Stats struct {
 	// no ring on the home queue); RXHandoffIn frames other rings passed to
 	// this one (counted before parsing, like RXBurst's frames).
 	RXHandedOff, RXHandoffDropped, RXHandoffIn atomic.Uint64
+	// RXDecapsulated counts VXLAN datagrams of overlay endpoints the ring
+	// decapsulated (their inner datagrams count in RXPackets);
+	// TXEncapsulated datagrams it sent encapsulated (in TXPackets).
+	RXDecapsulated, TXEncapsulated atomic.Uint64
 	// RXKernelBacklog counts datagrams the kernel held on port
 	// reservations during a live upgrade and the new ring delivered (in
 	// RXPackets too).
@@ -88,8 +93,13 @@ func (r *Ring) ReassemblyStats() reassembly.Stats {
 // dest is the engine's state for one destination address: the resolved next
 // hop and the IP identification counter.
 type dest struct {
-	state   destState
+	state destState
+	// next is the next hop (an overlay destination's inner one, on the
+	// VXLAN device); outer and remote are an overlay destination's next
+	// hop on the interface and remote VTEP.
 	next    route.Next
+	outer   route.Next
+	remote  netip.Addr
 	err     error
 	retryAt time.Time
 	ipID    uint32
@@ -112,18 +122,27 @@ type tmplKey struct {
 	dst netip.AddrPort
 }
 
+// destKey names a destination: an address on the interface's network or
+// (ov not nil) on an overlay.
+type destKey struct {
+	ov   *overlay
+	addr netip.Addr
+}
+
 // tmplEntry is a template and the endpoint options it was built with.
 type tmplEntry struct {
-	tmpl *packet.Template
+	tmpl frameTemplate
 	opts *HeaderOptions
 }
 
 type resolution struct {
 	// gen is the resolver generation the answer belongs to.
-	gen  uint64
-	addr netip.Addr
-	next route.Next
-	err  error
+	gen    uint64
+	key    destKey
+	next   route.Next
+	outer  route.Next
+	remote netip.Addr
+	err    error
 }
 
 // engine is the state only the ring's thread touches.
@@ -136,7 +155,7 @@ type engine struct {
 	touched []*Endpoint
 	// woken lists the rings this burst handed frames to (handoff.go).
 	woken []*Ring
-	dests map[netip.Addr]*dest
+	dests map[destKey]*dest
 	tmpls map[tmplKey]tmplEntry
 	gen   uint64
 	reasm *reassembly.Reassembler
@@ -194,7 +213,7 @@ func (e *engine) init(r *Ring) {
 	e.r = r
 	e.rx = make([]qp.Frame, r.cfg.Batch)
 	e.tx = make([]qp.Frame, 0, r.cfg.Batch+64)
-	e.dests = map[netip.Addr]*dest{}
+	e.dests = map[destKey]*dest{}
 	e.tmpls = map[tmplKey]tmplEntry{}
 	e.reasm = reassembly.New(r.cfg.Reassembly)
 	e.initPacing()
@@ -234,7 +253,7 @@ func (e *engine) loop() error {
 // iterate does one round of work and reports how much it did.
 func (e *engine) iterate(t *table) (int, error) {
 	r := e.r
-	if g := r.res.Generation(); g != e.gen {
+	if g := r.generation(); g != e.gen {
 		// Routes or neighbours changed: rebuild next hops and templates
 		// lazily.
 		e.gen = g
@@ -370,7 +389,8 @@ type rxBurst struct {
 	pkts      uint64
 	bytes     uint64
 	fragments bool
-	f         packet.Frame
+	// f is the parsed frame; inner the inner frame of a VXLAN datagram.
+	f, inner packet.Frame
 }
 
 func (rs *rxBurst) start(r *Ring) {
@@ -379,7 +399,8 @@ func (rs *rxBurst) start(r *Ring) {
 	rs.t = r.table.Load()
 }
 
-// rxFrame parses one received frame and delivers its datagram.
+// rxFrame parses one received frame and delivers its datagram; a VXLAN
+// datagram of an overlay in use is decapsulated first.
 func (e *engine) rxFrame(rs *rxBurst, buf []byte, hwts uint64) {
 	r := e.r
 	f := &rs.f
@@ -387,13 +408,40 @@ func (e *engine) rxFrame(rs *rxBurst, buf []byte, hwts uint64) {
 		r.stats.RXMalformed.Add(1)
 		return
 	}
+	if f.Kind != packet.KindUDP || !r.overlayPort(f.Dst.Port()) {
+		e.rxPacket(rs, f, 0, buf, hwts)
+		return
+	}
+	if !e.udpChecksumOK(f) {
+		r.stats.RXChecksum.Add(1)
+		return
+	}
+	vni, inner, err := vxlan.Decap(f.Payload)
+	if err != nil || packet.Parse(inner, &rs.inner) != nil {
+		r.stats.RXMalformed.Add(1)
+		return
+	}
+	r.stats.RXDecapsulated.Add(1)
+	e.rxPacket(rs, &rs.inner, vni, inner, hwts)
+}
+
+// udpChecksumOK verifies a UDP datagram's checksum unless the NIC did or
+// an IPv4 sender left it out.
+func (e *engine) udpChecksumOK(f *packet.Frame) bool {
+	return e.r.cfg.SkipRXChecksum || (f.UDPChecksum == 0 && f.Dst.Addr().Is4()) || f.VerifyUDP()
+}
+
+// rxPacket delivers the datagram (or fragment) of a parsed frame, received
+// on the interface (vni 0) or inside an overlay.
+func (e *engine) rxPacket(rs *rxBurst, f *packet.Frame, vni uint32, buf []byte, hwts uint64) {
+	r := e.r
 	switch f.Kind {
 	case packet.KindUDP:
-		if !r.cfg.SkipRXChecksum && (f.UDPChecksum != 0 || f.Dst.Addr().Is6()) && !f.VerifyUDP() {
+		if !e.udpChecksumOK(f) {
 			r.stats.RXChecksum.Add(1)
 			return
 		}
-		if e.deliver(rs.t, f.Src, f.Dst, f.Payload, e.stamps(rs.ts, hwts)) {
+		if e.deliver(rs.t, f.Src, f.Dst, vni, f.Payload, e.stamps(rs.ts, hwts)) {
 			rs.pkts++
 			rs.bytes += uint64(len(f.Payload))
 			e.rxClass(f.TOS, f.PCP, f.Tagged, len(f.Payload))
@@ -417,13 +465,13 @@ func (e *engine) rxFrame(rs *rxBurst, buf []byte, hwts uint64) {
 		src, dst := netip.AddrPortFrom(k.Src, sport), netip.AddrPortFrom(k.Dst, dport)
 		// The frame that completed the datagram gives its hardware
 		// stamp.
-		if e.deliver(rs.t, src, dst, payload, e.stamps(rs.ts, hwts)) {
+		if e.deliver(rs.t, src, dst, vni, payload, e.stamps(rs.ts, hwts)) {
 			rs.pkts++
 			rs.bytes += uint64(len(payload))
 			e.rxClass(f.TOS, f.PCP, f.Tagged, len(payload))
 		}
 	case packet.KindOther:
-		if f.Proto == packet.ProtoTCP && e.tcpReceive(buf) {
+		if vni == 0 && f.Proto == packet.ProtoTCP && e.tcpReceive(buf) {
 			r.stats.TCPRXPackets.Add(1)
 			r.stats.TCPRXBytes.Add(uint64(len(buf)))
 			return
@@ -447,8 +495,9 @@ func (e *engine) finishBurst(rs *rxBurst) {
 }
 
 // deliver copies one datagram into the RX queue of every endpoint bound to
-// dst (several for multicast).
-func (e *engine) deliver(t *table, src, dst netip.AddrPort, payload []byte, st rxStamps) bool {
+// dst (several for multicast) on the network vni names (0: the
+// interface's, else a VXLAN overlay's).
+func (e *engine) deliver(t *table, src, dst netip.AddrPort, vni uint32, payload []byte, st rxStamps) bool {
 	eps := t.lookup(dst)
 	if len(eps) == 0 {
 		e.r.stats.RXNoEndpoint.Add(1)
@@ -459,7 +508,7 @@ func (e *engine) deliver(t *table, src, dst netip.AddrPort, payload []byte, st r
 		// Every member whose filter accepts the source gets a copy.
 		ok := false
 		for _, ep := range eps {
-			if ep.members.Load().accepts(dst.Addr(), src.Addr()) && e.enqueue(ep, &h, payload) {
+			if ep.vni() == vni && ep.members.Load().accepts(dst.Addr(), src.Addr()) && e.enqueue(ep, &h, payload) {
 				ok = true
 			}
 		}
@@ -469,6 +518,9 @@ func (e *engine) deliver(t *table, src, dst netip.AddrPort, payload []byte, st r
 	// the sender (several only with SO_REUSEADDR).
 	for i := len(eps) - 1; i >= 0; i-- {
 		ep := eps[i]
+		if ep.vni() != vni {
+			continue
+		}
 		if p := ep.peer.Load(); p != nil && p.IsValid() && *p != src {
 			continue
 		}
@@ -655,7 +707,7 @@ func (e *engine) drain(t *table, ep *Endpoint, budget int64) (n int, wire int64,
 			}
 			if dst.Addr().IsMulticast() && ep.opts.Load().MulticastLoop {
 				// Local members get a copy, as with IP_MULTICAST_LOOP.
-				e.deliver(t, tmpl.Src(), dst, payload, rxStamps{flags: dgram.FlagSWTimestamp, sw: time.Now().UnixNano()})
+				e.deliver(t, tmpl.Src(), dst, 0, payload, rxStamps{flags: dgram.FlagSWTimestamp, sw: time.Now().UnixNano()})
 			}
 			if ep.pace.applied != nil {
 				e.paceCharge(ep, size)
@@ -666,6 +718,9 @@ func (e *engine) drain(t *table, ep *Endpoint, budget int64) (n int, wire int64,
 			r.stats.TXPackets.Add(1)
 			r.stats.TXBytes.Add(uint64(len(payload)))
 			r.stats.TC[ep.cls.tc].TXPackets.Add(1)
+			if ep.ov != nil {
+				r.stats.TXEncapsulated.Add(1)
+			}
 		}
 		ep.etx.Advance()
 		n++
@@ -695,15 +750,16 @@ func (e *engine) post() error {
 // template returns the header template for ep → dst. ok=false means the
 // next hop is being resolved (try later); a nil template with ok=true means
 // dst is unreachable.
-func (e *engine) template(ep *Endpoint, dst netip.AddrPort) (*packet.Template, *dest, bool) {
+func (e *engine) template(ep *Endpoint, dst netip.AddrPort) (frameTemplate, *dest, bool) {
 	key := tmplKey{ep: ep, dst: dst}
 	opts := ep.opts.Load()
+	dk := destKey{ov: ep.ov, addr: dst.Addr()}
 	if te, ok := e.tmpls[key]; ok && te.opts == opts {
-		if d := e.dests[dst.Addr()]; d != nil {
+		if d := e.dests[dk]; d != nil {
 			return te.tmpl, d, true
 		}
 	}
-	d, ok := e.nextHop(dst.Addr())
+	d, ok := e.nextHop(dk)
 	if !ok {
 		return nil, nil, false
 	}
@@ -719,9 +775,16 @@ func (e *engine) template(ep *Endpoint, dst netip.AddrPort) (*packet.Template, *
 		to.TTL = opts.MulticastTTL
 	}
 	e.forceHeader(&to, dst.Addr().IsMulticast())
-	// Datagrams are cut at the route's MTU, and never larger than the
-	// ring's frames carry (an interface MTU raised beyond them, mtu.go).
-	tmpl, err := packet.NewTemplate(d.next.SrcMAC, d.next.DstMAC, src, dst, min(d.next.MTU, e.r.maxMTU()), to)
+	var tmpl frameTemplate
+	var err error
+	if ep.ov != nil {
+		tmpl, err = e.overlayTemplate(ep, dst, d, to)
+	} else {
+		// Datagrams are cut at the route's MTU, and never larger than
+		// the ring's frames carry (an interface MTU raised beyond them,
+		// mtu.go).
+		tmpl, err = packet.NewTemplate(d.next.SrcMAC, d.next.DstMAC, src, dst, min(d.next.MTU, e.r.maxMTU()), to)
+	}
 	if err != nil {
 		e.r.log.Warn("cannot build header template", zap.Stringer("dst", dst), zap.Error(err))
 		return nil, d, true
@@ -737,8 +800,8 @@ func (e *engine) template(ep *Endpoint, dst netip.AddrPort) (*packet.Template, *
 // when it is unknown or its failure is old. ok=false: being resolved (try
 // later; the resolution wakes the engine); otherwise d is ready or failed
 // (unreachable).
-func (e *engine) nextHop(addr netip.Addr) (d *dest, ok bool) {
-	d = e.dests[addr]
+func (e *engine) nextHop(key destKey) (d *dest, ok bool) {
+	d = e.dests[key]
 	if d == nil {
 		if len(e.dests) >= maxDests {
 			// Bounded memory for a server answering many peers: start
@@ -747,8 +810,8 @@ func (e *engine) nextHop(addr netip.Addr) (d *dest, ok bool) {
 			clear(e.tmpls)
 		}
 		d = &dest{state: destResolving, ipID: rand.Uint32()}
-		e.dests[addr] = d
-		e.startResolve(addr)
+		e.dests[key] = d
+		e.startResolve(key)
 		return nil, false
 	}
 	switch d.state {
@@ -757,22 +820,26 @@ func (e *engine) nextHop(addr netip.Addr) (d *dest, ok bool) {
 	case destFailed:
 		if time.Now().After(d.retryAt) {
 			d.state = destResolving
-			e.startResolve(addr)
+			e.startResolve(key)
 			return nil, false
 		}
 	}
 	return d, true
 }
 
-func (e *engine) startResolve(addr netip.Addr) {
+func (e *engine) startResolve(key destKey) {
 	r := e.r
 	go func() {
 		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.ResolveTimeout)
 		defer cancel()
-		gen := r.res.Generation()
-		next, err := r.res.Resolve(ctx, addr)
+		res := resolution{gen: r.generation(), key: key}
+		if key.ov == nil {
+			res.next, res.err = r.res.Resolve(ctx, key.addr)
+		} else {
+			res.next, res.outer, res.remote, res.err = r.resolveOverlay(ctx, key.ov, key.addr)
+		}
 		select {
-		case r.resolved <- resolution{gen: gen, addr: addr, next: next, err: err}:
+		case r.resolved <- res:
 			r.doorbell.Wake()
 		case <-r.done:
 		}
@@ -780,21 +847,21 @@ func (e *engine) startResolve(addr netip.Addr) {
 }
 
 func (e *engine) applyResolution(res resolution) {
-	d := e.dests[res.addr]
+	d := e.dests[res.key]
 	if d == nil || d.state != destResolving {
 		return // forgotten after a route change; the next datagram asks again
 	}
 	if res.gen != e.gen {
 		// Answered from tables that changed meanwhile: ask again.
-		e.startResolve(res.addr)
+		e.startResolve(res.key)
 		return
 	}
 	if res.err != nil {
 		d.state, d.err, d.retryAt = destFailed, res.err, time.Now().Add(time.Second)
-		e.r.log.Warn("destination unreachable", zap.Stringer("dst", res.addr), zap.Error(res.err))
+		e.r.log.Warn("destination unreachable", zap.Stringer("dst", res.key.addr), zap.Error(res.err))
 		return
 	}
-	d.state, d.next, d.err = destReady, res.next, nil
+	d.state, d.next, d.outer, d.remote, d.err = destReady, res.next, res.outer, res.remote, nil
 }
 
 // drainEventfd consumes an eventfd's counter (non-blocking) after poll

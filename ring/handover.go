@@ -72,6 +72,11 @@ func (r *Ring) CanHandOver() error {
 	if err := r.Err(); err != nil {
 		return fmt.Errorf("the ring stopped: %w", err)
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ov := range r.overlays {
+		return fmt.Errorf("sockets are bound on the VXLAN overlay %s, which a new daemon cannot adopt yet", ov.name)
+	}
 	return nil
 }
 

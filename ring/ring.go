@@ -179,6 +179,10 @@ type Ring struct {
 	closed bool
 	// flowRefs counts the endpoints using each steering entry.
 	flowRefs map[qp.Flow]int
+	// overlays are the VXLAN devices endpoints are bound on, by ifindex
+	// (overlay.go); ovList is the same for the engine.
+	overlays map[int]*overlay
+	ovList   atomic.Pointer[[]*overlay]
 	// standbyDeferred: an adopting ring (Config.Adopt) adds flows to its
 	// standby TAP path only at Activate (handover.go).
 	standbyDeferred bool
@@ -329,6 +333,8 @@ func Open(cfg Config) (_ *Ring, err error) {
 	}
 	r.table.Store(&table{byAddr: map[netip.AddrPort][]*Endpoint{}})
 	r.flowRefs = map[qp.Flow]int{}
+	r.overlays = map[int]*overlay{}
+	r.ovList.Store(&[]*overlay{})
 	r.standbyDeferred = cfg.Adopt != nil
 	r.eng.init(r)
 	if err = r.eng.initStaging(); err != nil {
@@ -542,8 +548,18 @@ func (r *Ring) interfaceAddrs(v4 bool) ([]netip.Addr, error) {
 	return out, nil
 }
 
-// Owns reports whether addr is one of the ring's interface's addresses.
+// Owns reports whether the ring serves addr: one of its interface's
+// addresses, or of a VXLAN device over it (overlay.go).
 func (r *Ring) Owns(addr netip.Addr) (bool, error) {
+	if ok, err := r.ownsLocal(addr); ok || err != nil {
+		return ok, err
+	}
+	vx, err := r.overlayOf(addr.Unmap())
+	return vx != nil, err
+}
+
+// ownsLocal reports whether addr is one of the interface's addresses.
+func (r *Ring) ownsLocal(addr netip.Addr) (bool, error) {
 	addr = addr.Unmap()
 	addrs, err := r.interfaceAddrs(addr.Is4())
 	if err != nil {

@@ -144,7 +144,7 @@ func (e *engine) tcpTransmit() (int, error) {
 			r.stats.TXErrors.Add(1)
 			return true
 		}
-		d, ok := e.nextHop(dst)
+		d, ok := e.nextHop(destKey{addr: dst})
 		if !ok {
 			r.tcp.stalled = true
 			return false
@@ -255,6 +255,12 @@ func (r *Ring) unsteerTCP(flows []qp.Flow) {
 // carries reports whether steering s can carry flow f: the TAP path's tc
 // filters match UDP only, so TCP flows stay on the fast path.
 func carries(s qp.Steering, f qp.Flow) bool {
+	if f.VNI != 0 {
+		// Only the XDP program looks into VXLAN datagrams; on the TAP
+		// path the overlay's traffic stays with the kernel's device.
+		_, isXDP := s.(*xdpSteering)
+		return isXDP
+	}
 	if f.Proto == unix.IPPROTO_TCP {
 		_, isTAP := s.(*tap.Steering)
 		return !isTAP

@@ -72,6 +72,12 @@ func (r *Resolver) handle(m *syscall.NetlinkMessage) {
 			r.invalidate("unparsable neighbour notification")
 			return
 		}
+		if nb.LinkIndex == r.ifindex && nb.Family == unix.AF_BRIDGE {
+			// A VXLAN device's forwarding database: the remote VTEP of
+			// its destinations may have changed.
+			r.invalidate("forwarding database changed")
+			return
+		}
 		if nb.LinkIndex != r.ifindex || (nb.Family != unix.AF_INET && nb.Family != unix.AF_INET6) {
 			return
 		}
