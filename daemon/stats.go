@@ -560,6 +560,8 @@ func (d *Daemon) ringBlocks() []stats.Ring {
 		c[stats.RingRXHandedOff] = rs.RXHandedOff.Load()
 		c[stats.RingRXHandoffIn] = rs.RXHandoffIn.Load()
 		c[stats.RingRXHandoffDropped] = rs.RXHandoffDropped.Load()
+		c[stats.RingRXDecapsulated] = rs.RXDecapsulated.Load()
+		c[stats.RingTXEncapsulated] = rs.TXEncapsulated.Load()
 		dm := r.DevMemStats()
 		b.DevMemAlloc = int64(dm.Capacity)
 		c[stats.RingDevMemStagedPackets] = dm.StagedPackets

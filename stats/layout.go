@@ -333,6 +333,8 @@ const (
 	RingTCPSynCookies                          // SYN cookies sent: a listener's SYN queue was full
 	RingTCPListenOverflows                     // SYNs or handshake ACKs dropped: a listener's accept queue was full
 	RingTCPStackDropped                        // packets the TCP stack's link dropped: its queue full, or not IP/TCP
+	RingRXDecapsulated                         // VXLAN frames of overlay sockets decapsulated
+	RingTXEncapsulated                         // datagrams of overlay sockets sent encapsulated in VXLAN
 	NumRingCounters                            // number of ring counters in this version
 )
 
@@ -373,6 +375,7 @@ var ringCounterNames = [NumRingCounters]string{
 	"tcp_established", "tcp_failed_attempts", "tcp_resets_sent", "tcp_resets_received", "tcp_segments_sent",
 	"tcp_segments_received", "tcp_retransmits", "tcp_fast_retransmits", "tcp_timeouts", "tcp_invalid_segments",
 	"tcp_checksum_errors", "tcp_syn_cookies", "tcp_listen_overflows", "tcp_stack_dropped",
+	"rx_decapsulated", "tx_encapsulated",
 }
 
 func (c RingCounter) String() string {

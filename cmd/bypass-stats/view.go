@@ -365,6 +365,8 @@ func (v *viewer) ringBlock(r *stats.Ring, prev *stats.Snapshot, _ *stats.Snapsho
 		c(stats.RingTXUnreachable), c(stats.RingTXErrors), c(stats.RingTXLinkDown))
 	fmt.Fprintf(w, "\tRx Handoff: %d / %d / %d [to other rings/from other rings/dropped, inbox full]\n",
 		c(stats.RingRXHandedOff), c(stats.RingRXHandoffIn), c(stats.RingRXHandoffDropped))
+	fmt.Fprintf(w, "\tVXLAN: %d / %d [decapsulated frames/encapsulated packets]\n",
+		c(stats.RingRXDecapsulated), c(stats.RingTXEncapsulated))
 	fmt.Fprintf(w, "\tTx fragments: %d, buffer waits: %d, engine wake-ups: %d\n",
 		c(stats.RingTXFragments), c(stats.RingTXBufferWaits), c(stats.RingEngineWakeups))
 	fmt.Fprintf(w, "\tQueue pair: %d / %d / %d [rx packets/tx packets/rx dropped by the kernel]\n",
