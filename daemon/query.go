@@ -151,7 +151,7 @@ func (d *Daemon) queryFlows(*session) (any, error) {
 		}
 		name, queue := ri.ring().Interface()
 		for _, f := range flows {
-			fd := ctldoc.FlowDoc{Interface: name, Proto: "udp", Dst: f.Dst.String(), Queue: uint32(queue)}
+			fd := ctldoc.FlowDoc{Interface: name, Proto: "udp", Dst: f.Dst.String(), Queue: uint32(queue), VNI: f.VNI, VXLANPort: f.VXLANPort}
 			if f.Proto != unix.IPPROTO_UDP {
 				fd.Proto = fmt.Sprint(f.Proto)
 			}

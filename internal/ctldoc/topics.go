@@ -105,4 +105,8 @@ type FlowDoc struct {
 	// Src is empty for a 3-tuple flow (any source).
 	Src   string `json:"src,omitempty"`
 	Queue uint32 `json:"queue"`
+	// VNI and VXLANPort are set for a flow inside a VXLAN overlay (Dst
+	// and Src are then the inner datagram's).
+	VNI       uint32 `json:"vni,omitempty"`
+	VXLANPort uint16 `json:"vxlan_port,omitempty"`
 }
