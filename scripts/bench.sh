@@ -44,5 +44,10 @@ echo "== traffic classes: scheduler ns per datagram (Pick + Charge: 1 class, 8 E
 go test -run '^$' -bench Pick -benchtime 500ms -count 3 ./ring/sched/qos/ | grep -E '^(Benchmark|ok)'
 go test -count=1 -run 'TestQoSSharesAndStrict|TestQoSClassLimitAndForcedHeader' -v ./ring/ | grep -E 'ETS 30/70|limited to|^(ok|FAIL)'
 echo
+echo "== VXLAN overlays: 64-byte UDP between VXLAN devices, the ring (XDP steering by VNI, engine encap/decap) vs plain UDP on the ring vs the kernel's VXLAN path, same run"
+go run ./bench/udpbench -vxlan-cmp -stats-cmp=false -only tx-kernel,tx-ring,rx-kernel,rx-ring -runs 5 -duration 2s
+echo "-- per frame: build (plain vs encapsulated) and parse (plain vs outer + decap + inner)"
+go test -run '^$' -bench . -benchtime 500ms ./ring/wire/vxlan/ | grep -E '^(Benchmark|ok)'
+echo
 echo "== packet path micro-benchmarks (pacing: scheduler ns per paced datagram at 1, 1000, 10000 flows)"
 go test -run '^$' -bench . -benchmem ./ring/wire/packet/ ./ring/wire/reassembly/ ./ring/devmem/ ./ring/clock/tsconv/ ./ring/sched/pacing/ ./internal/shmq/ | grep -E '^(Benchmark|ok|PASS)'

@@ -50,6 +50,9 @@ type options struct {
 	tsCmp bool
 	// tapCmp adds the ring cases on the TAP fallback path.
 	tapCmp bool
+	// vxlanCmp adds the kernel and ring cases on a VXLAN overlay
+	// (vxlan.go).
+	vxlanCmp bool
 	// mtu is the lab pair's MTU (0: 1500); bulk prints throughput in
 	// Gbit/s and CPU per GB (jumbo.go).
 	mtu  int
@@ -69,6 +72,7 @@ func main() {
 	flag.BoolVar(&o.devMemCmp, "devmem-cmp", false, "also run the ring TX case with egress staging in device memory on (tx-ring-devmem, 256 KiB) and print the on/off ratio")
 	flag.BoolVar(&o.tsCmp, "ts-cmp", false, "also run the RX ring and shim cases with receive timestamping on (rx-ring-ts, rx-shim-ts) and print the on/off difference")
 	flag.BoolVar(&o.tapCmp, "tap-cmp", false, "also run the ring cases on the TAP path (tx-ring-tap, rx-ring-tap: --fallback tap) and print them next to afxdp and the kernel")
+	flag.BoolVar(&o.vxlanCmp, "vxlan-cmp", false, "also run the kernel and ring cases between VXLAN devices over the pair (tx-kernel-vxlan, tx-ring-vxlan, rx-kernel-vxlan, rx-ring-vxlan: the kernel's VXLAN path vs the ring's encapsulation) and print them next to plain UDP")
 	flag.BoolVar(&o.split, "split", true, "senders on CPU 0, the receiving side (threaded NAPI, receiver) on CPU 1")
 	queues := flag.String("queues", "", "instead of the cases above, compare ring and kernel on veth pairs with these queue counts (e.g. 1,2,4): RX of 64 flows at one paced offered load (-rate, default 0.2 Mpps), TX with a sender per queue")
 	flag.IntVar(&o.mtu, "mtu", 0, "MTU of the lab pair (0: 1500)")
@@ -189,6 +193,13 @@ func run(o options) error {
 			fn   func() (sample, error)
 		}{"rx-shim-ts", b.rxShimTS})
 	}
+	if o.vxlanCmp {
+		vx, err := b.vxlanCases()
+		if err != nil {
+			return err
+		}
+		cases = append(cases, vx...)
+	}
 	if o.tapCmp {
 		cases = append(cases, struct {
 			name string
@@ -225,6 +236,7 @@ func run(o options) error {
 	reportDevMem(o, results, b.devMemSeen)
 	reportTS(o, results, [2]xdpCost{b.xdpPlain, b.xdpTS})
 	reportTAP(o, results)
+	reportVXLAN(o, results)
 	return nil
 }
 
@@ -246,6 +258,10 @@ type bench struct {
 	shimTS bool
 	// fallback is the fallback of rings openRing opens (the TAP cases).
 	fallback ring.Fallback
+	// overlay: the cases run between the VXLAN devices oa and ob
+	// (vxlan.go).
+	overlay bool
+	oa, ob  *netlab.Overlay
 	// xdpPlain and xdpTS sum the XDP program's statistics of the rx-ring
 	// runs without and with the timestamping variant.
 	xdpPlain, xdpTS xdpCost
@@ -291,7 +307,7 @@ func (b *bench) sink() (*xdpSink, netip.AddrPort, error) {
 		sk, err = newXDPSink(b.p.B.Index)
 		return err
 	})
-	return sk, netip.AddrPortFrom(b.p.B.Addr4(), 9), err
+	return sk, netip.AddrPortFrom(b.addrB(), 9), err
 }
 
 func (b *bench) txKernel() (sample, error) {
@@ -303,7 +319,7 @@ func (b *bench) txKernel() (sample, error) {
 	var s *mmsgSocket
 	if err := b.p.A.NS.Do(func() error {
 		var err error
-		s, err = newMmsgSocket(netip.AddrPortFrom(b.p.A.Addr4(), 0), b.o.batch, b.o.size)
+		s, err = newMmsgSocket(netip.AddrPortFrom(b.addrA(), 0), b.o.batch, b.o.size)
 		return err
 	}); err != nil {
 		return sample{}, err
@@ -395,7 +411,7 @@ func (b *bench) openRing(cpu int) (*ring.Ring, *ring.Endpoint, error) {
 		r.Close()
 		return nil, nil, err
 	}
-	ep, err := r.BindUDP(netip.AddrPortFrom(b.p.A.Addr4(), 0))
+	ep, err := r.BindUDP(netip.AddrPortFrom(b.addrA(), 0))
 	if err != nil {
 		r.Close()
 		return nil, nil, err
@@ -435,7 +451,7 @@ func (b *bench) offer(dst netip.AddrPort, wg *sync.WaitGroup, sent *atomic.Uint6
 	var s *mmsgSocket
 	*errp = b.p.B.NS.Do(func() error {
 		var err error
-		s, err = newMmsgSocket(netip.AddrPortFrom(b.p.B.Addr4(), 0), b.o.batch, b.o.size)
+		s, err = newMmsgSocket(netip.AddrPortFrom(b.addrB(), 0), b.o.batch, b.o.size)
 		return err
 	})
 	if *errp != nil {
@@ -476,7 +492,7 @@ func (b *bench) offerRing(dst netip.AddrPort, wg *sync.WaitGroup, sent *atomic.U
 	if *errp != nil {
 		return func() {}
 	}
-	ep, err := r.BindUDP(netip.AddrPortFrom(b.p.B.Addr4(), 0))
+	ep, err := r.BindUDP(netip.AddrPortFrom(b.addrB(), 0))
 	if err != nil {
 		r.Close()
 		*errp = err
@@ -518,7 +534,7 @@ func (b *bench) rxKernel() (sample, error) {
 	var s *mmsgSocket
 	if err := b.p.A.NS.Do(func() error {
 		var err error
-		s, err = newMmsgSocket(netip.AddrPortFrom(b.p.A.Addr4(), 0), b.o.batch, 2048)
+		s, err = newMmsgSocket(netip.AddrPortFrom(b.addrA(), 0), b.o.batch, 2048)
 		return err
 	}); err != nil {
 		return sample{}, err
@@ -526,7 +542,7 @@ func (b *bench) rxKernel() (sample, error) {
 	defer s.close()
 	tv := unix.Timeval{Usec: 100000}
 	_ = unix.SetsockoptTimeval(s.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	return b.receive(netip.AddrPortFrom(b.p.A.Addr4(), uint16(s.localPort())), func() (int, error) {
+	return b.receive(netip.AddrPortFrom(b.addrA(), uint16(s.localPort())), func() (int, error) {
 		n, err := s.recv()
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
 			return 0, nil

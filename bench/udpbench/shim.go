@@ -87,7 +87,7 @@ func (b *bench) txShim() (sample, error) {
 		return sample{}, err
 	}
 	defer s.close()
-	conn, err := s.c.ListenUDP("udp4", netip.AddrPortFrom(b.p.A.Addr4(), 0))
+	conn, err := s.c.ListenUDP("udp4", netip.AddrPortFrom(b.addrA(), 0))
 	if err != nil {
 		return sample{}, err
 	}
@@ -109,7 +109,7 @@ func (b *bench) rxShim() (sample, error) {
 		return sample{}, err
 	}
 	defer s.close()
-	conn, err := s.c.ListenUDP("udp4", netip.AddrPortFrom(b.p.A.Addr4(), 0))
+	conn, err := s.c.ListenUDP("udp4", netip.AddrPortFrom(b.addrA(), 0))
 	if err != nil {
 		return sample{}, err
 	}

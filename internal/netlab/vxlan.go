@@ -33,6 +33,15 @@ func (o *Overlay) Addr4() netip.Addr { return o.IPv4.Addr() }
 // The devices go with the namespaces.
 func (p *Pair) AddVXLAN(tb testing.TB, vni uint32, port uint16, subnet byte) (a, b *Overlay) {
 	tb.Helper()
+	a, b, err := p.CreateVXLAN(vni, port, subnet)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return a, b
+}
+
+// CreateVXLAN is AddVXLAN for programs other than tests.
+func (p *Pair) CreateVXLAN(vni uint32, port uint16, subnet byte) (a, b *Overlay, err error) {
 	name := fmt.Sprintf("vx%d", vni)
 	a = &Overlay{NS: p.A.NS, Name: name, VNI: vni, IPv4: netip.PrefixFrom(netip.AddrFrom4([4]byte{192, 168, subnet, 1}), 24)}
 	b = &Overlay{NS: p.B.NS, Name: name, VNI: vni, IPv4: netip.PrefixFrom(netip.AddrFrom4([4]byte{192, 168, subnet, 2}), 24)}
@@ -42,14 +51,14 @@ func (p *Pair) AddVXLAN(tb testing.TB, vni uint32, port uint16, subnet byte) (a,
 		remoteVTEP netip.Addr
 	}{{a, p.A, p.B.Addr4()}, {b, p.B, p.A.Addr4()}} {
 		if err := e.o.create(e.under, e.remoteVTEP, port); err != nil {
-			tb.Fatal(err)
+			return nil, nil, err
 		}
 	}
 	for _, e := range [][2]*Overlay{{a, b}, {b, a}} {
 		n := &netlink.Neigh{LinkIndex: e[0].Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
 			IP: e[1].Addr4().AsSlice(), HardwareAddr: e[1].MAC}
 		if err := e[0].NS.Netlink().NeighAdd(n); err != nil {
-			tb.Fatalf("netlab: neighbour %s on %s in %s: %v", e[1].Addr4(), e[0].Name, e[0].NS.Name, err)
+			return nil, nil, fmt.Errorf("netlab: neighbour %s on %s in %s: %w", e[1].Addr4(), e[0].Name, e[0].NS.Name, err)
 		}
 	}
 	deadline := time.Now().Add(readyTimeout)
@@ -57,18 +66,18 @@ func (p *Pair) AddVXLAN(tb testing.TB, vni uint32, port uint16, subnet byte) (a,
 		for {
 			l, err := o.NS.Netlink().LinkByIndex(o.Index)
 			if err != nil {
-				tb.Fatalf("netlab: %s in %s: %v", o.Name, o.NS.Name, err)
+				return nil, nil, fmt.Errorf("netlab: %s in %s: %w", o.Name, o.NS.Name, err)
 			}
 			if l.Attrs().OperState == netlink.OperUp || l.Attrs().OperState == netlink.OperUnknown {
 				break
 			}
 			if time.Now().After(deadline) {
-				tb.Fatalf("netlab: %s in %s not up (%s)", o.Name, o.NS.Name, l.Attrs().OperState)
+				return nil, nil, fmt.Errorf("netlab: %s in %s not up (%s)", o.Name, o.NS.Name, l.Attrs().OperState)
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	return a, b
+	return a, b, nil
 }
 
 func (o *Overlay) create(under *Link, remote netip.Addr, port uint16) error {
