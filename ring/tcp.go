@@ -22,6 +22,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/waiter"
 
+	"github.com/bypassd/bypassd/ring/provider/afxdp"
 	"github.com/bypassd/bypassd/ring/qp"
 	"github.com/bypassd/bypassd/ring/route"
 	"github.com/bypassd/bypassd/ring/tcpstack"
@@ -258,7 +259,7 @@ func carries(s qp.Steering, f qp.Flow) bool {
 	if f.VNI != 0 {
 		// Only the XDP program looks into VXLAN datagrams; on the TAP
 		// path the overlay's traffic stays with the kernel's device.
-		_, isXDP := s.(*xdpSteering)
+		_, isXDP := s.(*afxdp.Steering)
 		return isXDP
 	}
 	if f.Proto == unix.IPPROTO_TCP {

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bypassd/bypassd/daemon"
+	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/netlab"
 )
@@ -21,7 +21,7 @@ import (
 func TestVXLANEndToEnd(t *testing.T) {
 	t.Parallel()
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	srv := daemontest.Start(t, p, daemon.Config{}, nil)
+	srv := daemontest.Start(t, p, config.Config{}, nil)
 	r := srv.Rings()[0]
 	oa, ob := p.AddVXLAN(t, 4317, 4789, 43)
 	c, err := Dial(srv.SocketPath())
