@@ -364,6 +364,15 @@ func (d *Daemon) Serve(ctx context.Context) error {
 			d.log.Info("shutting down: daemon closed")
 		case err = <-acceptDone:
 			acceptDone = nil
+			if err == nil && d.isHandedOver() {
+				// The accept loop saw the handover before gone was
+				// closed: stop as handed over, leaving the control
+				// socket (the new daemon's now) in place.
+				<-d.gone
+				d.log.Info("stopping: handed over to a new daemon")
+				d.sessWG.Wait()
+				return nil
+			}
 			d.log.Error("shutting down: cannot accept clients", zap.Error(err))
 		}
 	}
