@@ -17,6 +17,7 @@ import (
 	"github.com/bypassd/bypassd/daemon/takeover"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/internal/shmsess"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/qp"
 	"github.com/bypassd/bypassd/ring/sched/pacing"
@@ -194,9 +195,12 @@ func (d *Daemon) checkState(st *takeover.State) error {
 		}
 	}
 	for _, ss := range st.Sessions {
+		if ss.Memory != takeover.NoFD && ss.Lanes != len(d.cfg.Interfaces) {
+			return fmt.Errorf("client pid %d: session memory for %d rings, this daemon has %d", ss.PID, ss.Lanes, len(d.cfg.Interfaces))
+		}
 		for _, k := range ss.Sockets {
-			if k.QueueBytes <= 0 || k.MemSize < int64(config.SocketMemory(k.QueueBytes)) {
-				return fmt.Errorf("socket %d: queue size %d in %d bytes of memory", k.ID, k.QueueBytes, k.MemSize)
+			if config.CheckQueueBytes(k.QueueBytes) != nil {
+				return fmt.Errorf("socket %d: queue size %d", k.ID, k.QueueBytes)
 			}
 		}
 	}
@@ -247,26 +251,27 @@ func (d *Daemon) build(st *takeover.State, files *takeover.Files) error {
 		}
 		progs[p.Interface] = prog
 	}
-	err = d.openRings(func(i int, it config.Interface) (*ring.Adoption, error) {
+	err = d.openRings(func(i int, it config.Interface) (*ring.Adoption, *shmq.Waiter, error) {
+		prog := progs[it.Name]
+		if prog == nil {
+			return nil, nil, fmt.Errorf("no steering program handed over for %s", it.Name)
+		}
 		fd, err := files.Take(st.Rings[i].Doorbell)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		w, err := shmq.NewWaiterFD(fd)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		prog := progs[it.Name]
-		if prog == nil {
-			return nil, fmt.Errorf("no steering program handed over for %s", it.Name)
-		}
-		a := &ring.Adoption{Doorbell: w, Program: prog}
+		ad := &ring.Adoption{Program: prog}
 		if p := st.Rings[i].Path; p != nil {
-			if a.Path, err = takePath(p, files); err != nil {
-				return nil, err
+			if ad.Path, err = takePath(p, files); err != nil {
+				_ = w.Close()
+				return nil, nil, err
 			}
 		}
-		return a, nil
+		return ad, w, nil
 	})
 	if err != nil {
 		return err
@@ -443,21 +448,45 @@ func (d *Daemon) adoptSession(ss takeover.Session, files *takeover.Files) (*sess
 			s.retired[i] = v
 		}
 	}
+	if ss.Memory != takeover.NoFD {
+		memfd, err := files.Take(ss.Memory)
+		if err != nil {
+			return s, err
+		}
+		wakefd, err := files.Take(ss.ClientWake)
+		if err != nil {
+			unix.Close(memfd)
+			return s, err
+		}
+		live := make([]shmsess.Range, 0, len(ss.Sockets))
+		for _, ks := range ss.Sockets {
+			live = append(live, shmsess.Range{Slot: ks.Slot, Off: ks.TXOffset, Span: shmsess.SocketSpan(ks.QueueBytes)})
+		}
+		if s.mem, err = adoptSessionMemory(memfd, wakefd, ss.MemSize, ss.MaxSlots, ss.Lanes, live); err != nil {
+			return s, err
+		}
+	}
 	for _, ks := range ss.Sockets {
-		k, err := d.adoptSocket(ks, files)
+		k, err := d.adoptSocket(s, ks, files)
 		if err != nil {
 			return s, fmt.Errorf("socket %d: %w", ks.ID, err)
 		}
 		s.sockets[k.id] = k
-		s.queueMem += int64(config.SocketMemory(k.queueBytes))
+		s.queueMem += shmsess.SocketSpan(k.queueBytes)
 	}
 	return s, nil
 }
 
-// adoptSocket maps a handed-over socket's memory and, if it was bound,
-// binds its endpoint again on the adopted ring.
-func (d *Daemon) adoptSocket(ks takeover.Socket, files *takeover.Files) (_ *socket, err error) {
-	k := &socket{id: ks.ID, family: ks.Family, queueBytes: ks.QueueBytes, home: d.rings[ks.Ring], memfd: -1,
+// adoptSocket finds a handed-over socket's queues in its session memory
+// and, if it was bound, binds its endpoint again on the adopted ring.
+func (d *Daemon) adoptSocket(s *session, ks takeover.Socket, files *takeover.Files) (_ *socket, err error) {
+	if ks.RXOffset != ks.TXOffset+shmsess.QueueSpan(ks.QueueBytes) {
+		return nil, fmt.Errorf("queues at %d and %d, not one socket's range", ks.TXOffset, ks.RXOffset)
+	}
+	m := s.mem
+	k := &socket{id: ks.ID, family: ks.Family, queueBytes: ks.QueueBytes, home: d.rings[ks.Ring],
+		q:  queuePair{slot: ks.Slot, txOff: ks.TXOffset, rxOff: ks.RXOffset, queueBytes: ks.QueueBytes},
+		tx: m.queue(ks.TXOffset, ks.QueueBytes), rx: m.queue(ks.RXOffset, ks.QueueBytes),
 		reuseAddr: ks.ReuseAddr, timestamping: ks.Timestamping,
 		hdr: ring.HeaderOptions{TTL: ks.Options.TTL, MulticastTTL: ks.Options.MulticastTTL, TOS: ks.Options.TOS, MulticastLoop: ks.Options.MulticastLoop}}
 	k.home.homed.Add(1)
@@ -466,31 +495,11 @@ func (d *Daemon) adoptSocket(ks takeover.Socket, files *takeover.Files) (_ *sock
 			k.close()
 		}
 	}()
-	if k.memfd, err = files.Take(ks.Memfd); err != nil {
-		return nil, err
-	}
-	if k.mem, err = shmq.MapMemfd(k.memfd, int(ks.MemSize)); err != nil {
-		return nil, err
-	}
-	k.carve()
 	if k.txq, err = shmq.Attach(k.tx); err != nil {
 		return nil, fmt.Errorf("TX queue: %w", err)
 	}
 	if k.rxq, err = shmq.Attach(k.rx); err != nil {
 		return nil, fmt.Errorf("RX queue: %w", err)
-	}
-	waiter := func(i int) (*shmq.Waiter, error) {
-		fd, err := files.Take(i)
-		if err != nil {
-			return nil, err
-		}
-		return shmq.NewWaiterFD(fd)
-	}
-	if k.rxWait, err = waiter(ks.RXWait); err != nil {
-		return nil, err
-	}
-	if k.txWait, err = waiter(ks.TXWait); err != nil {
-		return nil, err
 	}
 	for _, g := range ks.Pending {
 		pg := pendingGroup{}
@@ -547,10 +556,9 @@ func (d *Daemon) adoptSocket(ks takeover.Socket, files *takeover.Files) (_ *sock
 	if h.Reservation, err = files.Take(e.Reservation); err != nil {
 		return nil, err
 	}
-	// The endpoint owns the waiters from here on (also on error).
-	rxw, txw := k.rxWait, k.txWait
-	k.rxWait, k.txWait = nil, nil
-	ep, err := k.home.ring().AdoptEndpoint(h, &ring.Queues{TX: k.tx, RX: k.rx, RXWait: rxw, TXWait: txw})
+	r := k.home.ring()
+	ep, err := r.AdoptEndpoint(h, &ring.Queues{TX: k.tx, RX: k.rx, QueueBytes: k.queueBytes,
+		Wake: ring.SessionWaker(m.sess, k.q.slot, m.wake), Lane: m.lane(r, ks.Ring), Slot: k.q.slot})
 	if err != nil {
 		return nil, err
 	}

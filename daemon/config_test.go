@@ -12,9 +12,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctlproto"
-	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/sched/pacing"
 )
@@ -23,19 +21,6 @@ func TestPollMicros(t *testing.T) {
 	for d, want := range map[time.Duration]int32{0: 0, -1: -1, -time.Second: -1, 50 * time.Microsecond: 50, 1500 * time.Nanosecond: 1} {
 		if got := pollMicros(d); got != want {
 			t.Errorf("pollMicros(%v) = %d, want %d", d, got, want)
-		}
-	}
-}
-
-func TestSocketMemory(t *testing.T) {
-	page := os.Getpagesize()
-	for _, q := range []int{4096, 1 << 20, 16 << 20} {
-		n := config.SocketMemory(q)
-		if n%page != 0 || n < 2*shmq.Size(q) || n-2*shmq.Size(q) >= page {
-			t.Errorf("config.SocketMemory(%d) = %d", q, n)
-		}
-		if off := rxOffset(q); off%64 != 0 || off < shmq.Size(q) || off+shmq.Size(q) > n {
-			t.Errorf("rxOffset(%d) = %d", q, off)
 		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/sched/pacing"
 	"github.com/bypassd/bypassd/ring/sched/qos"
@@ -110,6 +111,9 @@ type ringInfo struct {
 	down atomic.Pointer[error]
 	// homed counts the sockets whose home this ring is (see homeRing).
 	homed atomic.Int64
+	// doorbell wakes the ring's engine; owned here so that a ring opened
+	// again keeps the doorbell every session received at HELLO.
+	doorbell *shmq.Waiter
 }
 
 // ring returns the ring now serving ri.
@@ -204,7 +208,7 @@ func (d *Daemon) resolveInterfaces() (err error) {
 // openRings opens one ring per configured interface queue, on the calling
 // thread's network namespace; adopt, when not nil, gives what a ring
 // takes over from a previous daemon.
-func (d *Daemon) openRings(adopt func(i int, it config.Interface) (*ring.Adoption, error)) (err error) {
+func (d *Daemon) openRings(adopt func(i int, it config.Interface) (*ring.Adoption, *shmq.Waiter, error)) (err error) {
 	rc, log := &d.cfg, d.log
 	if d.netns, err = netns.Get(); err != nil {
 		return fmt.Errorf("daemon: open the network namespace: %w", err)
@@ -225,7 +229,18 @@ func (d *Daemon) openRings(adopt func(i int, it config.Interface) (*ring.Adoptio
 	cpus := engineCPUs(rc.Interfaces, rc.CPUs, func(name string) string { return d.device(name).bus })
 	for k, it := range rc.Interfaces {
 		rlog := log.With(zap.String("iface", it.Name), zap.Int("queue", it.Queue))
+		// The doorbell of an adopted ring is the one its clients hold.
+		var ad *ring.Adoption
+		var bell *shmq.Waiter
+		if adopt != nil {
+			if ad, bell, err = adopt(k, it); err != nil {
+				return fmt.Errorf("daemon: ring %s: %w", it, err)
+			}
+		} else if bell, err = shmq.NewWaiter(); err != nil {
+			return fmt.Errorf("daemon: ring %s doorbell: %w", it, err)
+		}
 		rcfg := ring.Config{
+			Doorbell:         bell,
 			Fallback:         fallback,
 			HWTimestamps:     hwts,
 			Interface:        it.Name,
@@ -245,20 +260,17 @@ func (d *Daemon) openRings(adopt func(i int, it config.Interface) (*ring.Adoptio
 			TCPCongestion:    rc.TCPCongestion,
 			Log:              rlog,
 		}
-		if adopt != nil {
-			if rcfg.Adopt, err = adopt(k, it); err != nil {
-				return fmt.Errorf("daemon: ring %s: %w", it, err)
-			}
-		}
+		rcfg.Adopt = ad
 		r, err := ring.Open(rcfg)
 		if err != nil {
+			_ = bell.Close()
 			if errors.Is(err, unix.EBUSY) {
 				return fmt.Errorf("daemon: open ring %s: %w (another bypassd, or another AF_XDP/XDP user, probably holds it: check `ps -C bypassd` and `bpftool net`)", it, err)
 			}
 			return fmt.Errorf("daemon: open ring %s: %w", it, err)
 		}
 		rcfg.Adopt = nil // a ring reopened after its interface vanished starts afresh
-		ri := &ringInfo{it: it, log: rlog, cfg: rcfg}
+		ri := &ringInfo{it: it, log: rlog, cfg: rcfg, doorbell: bell}
 		ri.r.Store(r)
 		d.rings = append(d.rings, ri)
 		d.applyQoS(ri)
@@ -547,6 +559,9 @@ func (d *Daemon) Close() error {
 // were released then) without removing the socket file or the lock files,
 // which the new daemon uses.
 func (d *Daemon) abandon() error {
+	for _, ri := range d.rings {
+		_ = ri.doorbell.Close() // the new daemon has its duplicate
+	}
 	d.rings = nil
 	if d.nl != nil {
 		d.nl.Close()
@@ -587,6 +602,7 @@ func (d *Daemon) release() error {
 		if err := d.rings[i].ring().Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close ring %s: %w", d.rings[i].it, err))
 		}
+		_ = d.rings[i].doorbell.Close()
 	}
 	d.rings = nil
 	if d.nl != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/netlab"
+	"github.com/bypassd/bypassd/internal/shmsess"
 	"github.com/bypassd/bypassd/internal/sockq"
 )
 
@@ -36,7 +37,7 @@ func TestOpenBindClose(t *testing.T) {
 		t.Errorf("HELLO reply %+v", hr)
 	}
 	s := openSocket(t, c, unix.AF_INET)
-	if s.id == 0 || s.reply.QueueBytes != 64<<10 || s.reply.TXOffset != 0 || s.reply.RXOffset < uint64(s.reply.QueueBytes) {
+	if s.id == 0 || s.reply.QueueBytes != 64<<10 || s.reply.TXOffset%4096 != 0 || s.reply.RXOffset < s.reply.TXOffset+uint64(s.reply.QueueBytes) {
 		t.Errorf("OPEN reply id %d %+v", s.id, s.reply)
 	}
 	s2, err := c.open(unix.AF_INET6, 1<<20)
@@ -336,7 +337,7 @@ func TestProtocolErrors(t *testing.T) {
 	})
 	t.Run("no common version", func(t *testing.T) {
 		r := dialRaw(t, l.cfg.SocketPath)
-		r.send(t, marshal(t, ctlproto.Header{Code: ctlproto.CodeHello, ReqID: 6}, ctlproto.Hello{MinVersion: 2, MaxVersion: 3}))
+		r.send(t, marshal(t, ctlproto.Header{Code: ctlproto.CodeHello, ReqID: 6}, ctlproto.Hello{MinVersion: 1, MaxVersion: 1}))
 		expect(t, r, 6, unix.EPROTONOSUPPORT)
 		expectEOF(t, r)
 	})
@@ -433,8 +434,8 @@ func TestForeignSocketIsEBADF(t *testing.T) {
 
 func TestLimits(t *testing.T) {
 	t.Parallel()
-	small := config.SocketMemory(4096)
-	l := newLab(t, config.Config{MaxSockets: 3, QueueBytes: 4096, MaxQueueMemory: int64(4 * small)})
+	small := shmsess.SocketSpan(4096)
+	l := newLab(t, config.Config{MaxSockets: 3, QueueBytes: 4096, MaxQueueMemory: 4 * small})
 	c := helloClient(t, l)
 	var socks []*clientSocket
 	for i := 0; i < 3; i++ {

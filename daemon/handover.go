@@ -374,13 +374,30 @@ func (s *session) describeState(tab *takeover.Table, ringIndex map[*ringInfo]int
 	s.pub.Lock()
 	defer s.pub.Unlock()
 	ss := takeover.Session{Conn: tab.Add(fd), PID: s.cred.Pid, UID: s.cred.Uid, GID: s.cred.Gid, Program: s.program,
-		Hello: s.hello, Stats: s.client != nil, Opened: s.opened, Retired: map[string]uint64{}}
+		Hello: s.hello, Stats: s.client != nil, Opened: s.opened, Retired: map[string]uint64{},
+		Memory: takeover.NoFD, ClientWake: takeover.NoFD}
 	for i, v := range s.retired {
 		if v != 0 {
 			ss.Retired[fmt.Sprint(i)] = v
 		}
 	}
 	dup := func(fd int) (int, error) { return unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0) }
+	if m := s.mem; m != nil {
+		// The session memory goes over whole: the queues, bitmaps and
+		// sleep flags in it are the client's and the engines' state.
+		mfd, err := dup(m.memfd)
+		if err != nil {
+			return ss, fmt.Errorf("duplicate the session memory: %w", err)
+		}
+		ss.Memory = tab.Add(mfd)
+		wfd, err := dup(m.wake.FD())
+		if err != nil {
+			return ss, fmt.Errorf("duplicate the client eventfd: %w", err)
+		}
+		ss.ClientWake = tab.Add(wfd)
+		l := m.sess.Layout()
+		ss.MemSize, ss.MaxSlots, ss.Lanes = l.Size, l.MaxSlots, l.Lanes
+	}
 	for _, k := range s.sockets {
 		if k.stream != nil {
 			// The seam for TCP is the stack's state; until it is carried,
@@ -388,15 +405,10 @@ func (s *session) describeState(tab *takeover.Table, ringIndex map[*ringInfo]int
 			// serving.
 			return ss, fmt.Errorf("socket %d is a TCP socket: TCP connections cannot be handed over yet (close them, or restart the daemon, which resets them): %w", k.id, unix.EOPNOTSUPP)
 		}
-		ks := takeover.Socket{ID: k.id, Family: k.family, QueueBytes: k.queueBytes, MemSize: int64(len(k.mem)),
-			TXOffset: 0, RXOffset: int64(rxOffset(k.queueBytes)), Ring: ringIndex[k.home], ReuseAddr: k.reuseAddr,
+		ks := takeover.Socket{ID: k.id, Family: k.family, QueueBytes: k.queueBytes, Slot: k.q.slot,
+			TXOffset: k.q.txOff, RXOffset: k.q.rxOff, Ring: ringIndex[k.home], ReuseAddr: k.reuseAddr,
 			Options:      takeover.Options{TTL: k.hdr.TTL, MulticastTTL: k.hdr.MulticastTTL, TOS: k.hdr.TOS, MulticastLoop: k.hdr.MulticastLoop},
 			Timestamping: k.timestamping}
-		fd, err := dup(k.memfd)
-		if err != nil {
-			return ss, fmt.Errorf("socket %d: duplicate memfd: %w", k.id, err)
-		}
-		ks.Memfd = tab.Add(fd)
 		if k.rate != nil {
 			ks.RateRequest = &takeover.Rate{Kbps: k.rateReq.Kbps, MaxBurst: k.rateReq.MaxBurst, TypicalBytes: k.rateReq.TypicalBytes}
 		}
@@ -408,7 +420,6 @@ func (s *session) describeState(tab *takeover.Table, ringIndex map[*ringInfo]int
 			if err != nil {
 				return ss, fmt.Errorf("socket %d: %w", k.id, err)
 			}
-			ks.RXWait, ks.TXWait = tab.Add(h.RXWait), tab.Add(h.TXWait)
 			e := &takeover.Endpoint{Local: h.Local.String(), Reservation: tab.Add(h.Reservation),
 				Counters: endpointCounterMap(k.ep)}
 			if h.Peer.IsValid() {
@@ -421,17 +432,6 @@ func (s *session) describeState(tab *takeover.Table, ringIndex map[*ringInfo]int
 				e.Groups = append(e.Groups, takeover.Group{Group: g.Group.String(), Sources: addrStrings(g.Sources...)})
 			}
 			ks.Endpoint = e
-		} else {
-			rfd, err := dup(k.rxWait.FD())
-			if err != nil {
-				return ss, fmt.Errorf("socket %d: duplicate eventfd: %w", k.id, err)
-			}
-			ks.RXWait = tab.Add(rfd)
-			tfd, err := dup(k.txWait.FD())
-			if err != nil {
-				return ss, fmt.Errorf("socket %d: duplicate eventfd: %w", k.id, err)
-			}
-			ks.TXWait = tab.Add(tfd)
 		}
 		ss.Sockets = append(ss.Sockets, ks)
 	}
@@ -446,15 +446,14 @@ func (s *session) abandon() {
 	defer s.pub.Unlock()
 	for _, k := range s.sockets {
 		k.ep = nil // released with its ring
-		if k.rxWait != nil {
-			_ = k.rxWait.Close()
-		}
-		if k.txWait != nil {
-			_ = k.txWait.Close()
-		}
-		k.unmap()
 	}
 	s.sockets = map[uint32]*socket{}
+	if s.mem != nil {
+		// Its lanes left with the rings; the new daemon has the memory.
+		s.mem.lanes = nil
+		s.mem.close()
+		s.mem = nil
+	}
 }
 
 // Ring and endpoint counters cross by name, so either side may add some.

@@ -23,6 +23,7 @@ import (
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/internal/shmsess"
 	"github.com/bypassd/bypassd/internal/sockq"
 )
 
@@ -137,6 +138,8 @@ func (l *lab) flows(t *testing.T) map[string]bool {
 type client struct {
 	c   *ctlproto.Conn
 	req uint32
+	// cs is the session memory, after hello.
+	cs *shmsess.ClientSession
 }
 
 func dialClient(path string) (*client, error) {
@@ -153,8 +156,17 @@ func newClient(t *testing.T, path string) *client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.c.Close() })
+	t.Cleanup(c.close)
 	return c
+}
+
+// close ends the session (the sockets' user sides must be closed first).
+func (c *client) close() {
+	_ = c.c.Close()
+	if c.cs != nil {
+		_ = c.cs.Close()
+		c.cs = nil
+	}
 }
 
 // helloClient connects a raw client to l's daemon and says HELLO.
@@ -220,79 +232,52 @@ func (c *client) ok(code ctlproto.Code, sock uint32, body ctlproto.Message) (rep
 	return r, err
 }
 
+// hello says HELLO and maps the session memory.
 func (c *client) hello() (*ctlproto.HelloReply, error) {
 	r, err := c.ok(ctlproto.CodeHello, 0, ctlproto.NewHello("daemon-test"))
 	if err != nil {
 		return nil, err
 	}
-	return r.m.(*ctlproto.HelloReply), nil
+	hr := r.m.(*ctlproto.HelloReply)
+	if c.cs, err = shmsess.OpenClientSession(int(hr.MaxSockets), int(hr.Lanes), hr.SessionSize, r.fds); err != nil {
+		return nil, err
+	}
+	return hr, nil
 }
 
 // clientSocket is an opened socket as a client sees it.
 type clientSocket struct {
 	id    uint32
 	reply *ctlproto.OpenReply
-	mem   []byte
+	c     *client
 	conn  *sockq.Conn
 }
 
 func (s *clientSocket) close() {
 	if s.conn != nil {
 		s.conn.Close()
-	}
-	if s.mem != nil {
-		_ = shmq.Unmap(s.mem)
+		s.c.cs.Forget(int(s.reply.Slot))
+		s.conn = nil
 	}
 }
 
-// open opens a socket and sets up its user side from the received fds:
-// the memfd mapped and both queues attached, the three eventfds wrapped.
+// open opens a socket and attaches its queues in the session memory.
 func (c *client) open(family uint16, queueBytes uint32) (*clientSocket, error) {
 	r, err := c.ok(ctlproto.CodeOpen, 0, ctlproto.Open{Family: family, Type: unix.SOCK_DGRAM, QueueBytes: queueBytes})
 	if err != nil {
 		return nil, err
 	}
 	or := r.m.(*ctlproto.OpenReply)
-	if len(r.fds) != ctlproto.FDsOpen {
+	if len(r.fds) != 0 {
 		closeAll(r.fds)
 		return nil, fmt.Errorf("OPEN reply carries %d fds", len(r.fds))
 	}
-	s := &clientSocket{id: r.h.Socket, reply: or}
-	mem, err := shmq.MapMemfd(r.fds[ctlproto.FDMemfd], int(or.MemfdSize))
-	unix.Close(r.fds[ctlproto.FDMemfd])
+	q, err := c.cs.Socket(shmsess.QueueOffsets{Slot: int(or.Slot), Lane: int(or.Lane), TXOffset: or.TXOffset, RXOffset: or.RXOffset,
+		QueueBytes: int(or.QueueBytes)})
 	if err != nil {
-		closeAll(r.fds[1:])
-		return nil, fmt.Errorf("map memfd: %w", err)
+		return nil, err
 	}
-	s.mem = mem
-	qs := uint64(shmq.Size(int(or.QueueBytes)))
-	tx, err := shmq.Attach(mem[or.TXOffset : or.TXOffset+qs])
-	if err != nil {
-		closeAll(r.fds[1:])
-		s.close()
-		return nil, fmt.Errorf("attach TX: %w", err)
-	}
-	rx, err := shmq.Attach(mem[or.RXOffset : or.RXOffset+qs])
-	if err != nil {
-		closeAll(r.fds[1:])
-		s.close()
-		return nil, fmt.Errorf("attach RX: %w", err)
-	}
-	var w [3]*shmq.Waiter
-	for i, fd := range r.fds[1:] {
-		if w[i], err = shmq.NewWaiterFD(fd); err != nil {
-			for _, fd := range r.fds[i+2:] {
-				unix.Close(fd)
-			}
-			for _, x := range w[:i] {
-				_ = x.Close()
-			}
-			s.close()
-			return nil, fmt.Errorf("eventfd %d: %w", i+1, err)
-		}
-	}
-	s.conn = sockq.New(tx, rx, w[0], w[1], w[2], shmq.Policy{})
-	return s, nil
+	return &clientSocket{id: r.h.Socket, reply: or, c: c, conn: q.Conn(shmq.Policy{})}, nil
 }
 
 func (c *client) bind(s *clientSocket, addr netip.AddrPort, reuse bool) (netip.AddrPort, error) {

@@ -22,44 +22,51 @@ import (
 // ring keep serving everyone else.
 func TestHostileClientMemory(t *testing.T) {
 	t.Parallel()
-	l := newLab(t, config.Config{})
-	bad := helloClient(t, l)
+	// A small session memory, so the test can scribble over all of it.
+	l := newLab(t, config.Config{QueueBytes: 1 << 16, MaxSockets: 64, MaxQueueMemory: 1 << 20})
+	bad := newClient(t, l.cfg.SocketPath)
+	hr, err := bad.ok(ctlproto.CodeHello, 0, ctlproto.NewHello("hostile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { closeAll(hr.fds) }() // hr.fds is emptied once closed below: no double close
+	size := int(hr.m.(*ctlproto.HelloReply).SessionSize)
 	r, err := bad.ok(ctlproto.CodeOpen, 0, ctlproto.Open{Family: unix.AF_INET, Type: unix.SOCK_DGRAM})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { closeAll(r.fds) }() // r.fds is emptied once closed below: no double close
-	or := r.m.(*ctlproto.OpenReply)
 	id := r.h.Socket
 	if _, err := bad.ok(ctlproto.CodeBind, id, ctlproto.Bind{Addr: netip.AddrPortFrom(l.p.A.Addr4(), 0)}); err != nil {
 		t.Fatal(err)
 	}
-	memfd := r.fds[ctlproto.FDMemfd]
-	for _, size := range []int64{0, int64(or.MemfdSize) / 2, 2 * int64(or.MemfdSize)} {
-		if err := unix.Ftruncate(memfd, size); !errors.Is(err, unix.EPERM) {
-			t.Fatalf("ftruncate(memfd, %d): %v, want EPERM (sealed)", size, err)
+	memfd := hr.fds[ctlproto.FDSession]
+	for _, sz := range []int64{0, int64(size) / 2, 2 * int64(size)} {
+		if err := unix.Ftruncate(memfd, sz); !errors.Is(err, unix.EPERM) {
+			t.Fatalf("ftruncate(memfd, %d): %v, want EPERM (sealed)", sz, err)
 		}
 	}
-	mem, err := unix.Mmap(memfd, 0, int(or.MemfdSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(memfd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for round := 0; round < 50; round++ {
+		// Garbage everywhere: header, bitmaps (announcing slots that are
+		// no sockets), sleep flags, queues.
 		for i := range mem {
 			mem[i] = byte(rng.Uint32())
 		}
 		// Ring the engine's doorbell so it looks at the garbage.
 		var one [8]byte
 		one[0] = 1
-		_, _ = unix.Write(r.fds[ctlproto.FDDoorbell], one[:])
+		_, _ = unix.Write(hr.fds[ctlproto.FDDoorbell], one[:])
 		time.Sleep(time.Millisecond)
 	}
 	if err := unix.Munmap(mem); err != nil {
 		t.Fatal(err)
 	}
-	closeAll(r.fds)
-	r.fds = nil
+	closeAll(hr.fds)
+	hr.fds = nil
 
 	// Another client is served as before.
 	good := helloClient(t, l)

@@ -37,6 +37,9 @@ type session struct {
 	// client is the stats of the session's process (nil: a tool session,
 	// or stats files are off).
 	client *clientStats
+	// mem is the session memory (nil: a tool session, HELLO with
+	// NO_SOCKETS).
+	mem *sessionMemory
 
 	// pub guards what readers of the counters look at: the socket table,
 	// each socket's endpoint and options, and the counters of sockets that
@@ -323,20 +326,37 @@ func (s *session) onHello(h ctlproto.Header, msg ctlproto.Message) bool {
 		s.log.Info("closing session: no common protocol version", zap.Uint16("min", m.MinVersion), zap.Uint16("max", m.MaxVersion))
 		return false
 	}
-	s.hello = true
 	cfg := &s.d.cfg
-	s.d.ctl.sessionsTotal.Add(1)
-	if m.Flags&ctlproto.HelloFlagNoStats == 0 {
-		s.d.joinClient(s, m.Name)
-	}
-	s.log.Debug("client said hello")
-	return s.reply(ctlproto.ReplyHeader(h), ctlproto.HelloReply{
+	reply := ctlproto.HelloReply{
 		Version:           ctlproto.Version,
 		DaemonPID:         uint32(os.Getpid()),
 		MaxSockets:        uint32(cfg.MaxSockets),
 		DefaultQueueBytes: uint32(cfg.QueueBytes),
 		RXPollMicros:      pollMicros(cfg.RXPoll),
-	})
+	}
+	var fds []int
+	if m.Flags&ctlproto.HelloFlagNoSockets == 0 {
+		mem, err := newSessionMemory(s.cred.Pid, cfg.MaxSockets, len(s.d.rings), cfg.MaxQueueMemory)
+		if err != nil {
+			s.fail(h, fmt.Errorf("session memory: %w", err))
+			s.log.Warn("closing session: cannot create its shared memory", zap.Error(err))
+			return false
+		}
+		s.mem = mem
+		l := mem.sess.Layout()
+		reply.Lanes, reply.SessionSize = uint16(l.Lanes), uint64(l.Size)
+		fds = append(fds, mem.memfd, mem.wake.FD())
+		for _, ri := range s.d.rings {
+			fds = append(fds, ri.doorbell.FD())
+		}
+	}
+	s.hello = true
+	s.d.ctl.sessionsTotal.Add(1)
+	if m.Flags&ctlproto.HelloFlagNoStats == 0 {
+		s.d.joinClient(s, m.Name)
+	}
+	s.log.Debug("client said hello")
+	return s.reply(ctlproto.ReplyHeader(h), reply, fds...)
 }
 
 // releaseWorkers bounds the goroutines closing a finished session's
@@ -349,6 +369,11 @@ const releaseWorkers = 256
 // is released well within the promised second.
 func (s *session) release() {
 	_ = s.conn.Close()
+	defer func() {
+		if s.mem != nil {
+			s.mem.close()
+		}
+	}()
 	n := len(s.sockets)
 	if n == 0 {
 		return

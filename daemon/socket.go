@@ -11,38 +11,39 @@ import (
 	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/internal/shmsess"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/sched/pacing"
 )
 
-// socket is one client socket: its shared memory, its eventfds and, once
-// bound, its ring endpoint. Only its session's goroutine touches it.
+// socket is one client socket: its queues in the session memory and,
+// once bound, its ring endpoint. Only its session's goroutine touches it.
 type socket struct {
 	// unhomed: close has taken the socket off its home ring's count.
 	unhomed    bool
 	id         uint32
 	family     uint16 // unix.AF_INET or unix.AF_INET6
 	queueBytes int
-	// mem is the daemon's mapping of the memfd: TX queue at 0, RX queue at
-	// rxOffset. tx and rx are the two queues' memory within it.
-	mem    []byte
+	// q is where its queues are in the session memory; tx and rx are
+	// their memory.
+	q      queuePair
 	tx, rx []byte
+	// lent: a stream socket's pump uses the queues and gives them back to
+	// the session memory when it ends (possibly after CLOSE).
+	lent bool
 	// memfd is the daemon's descriptor of the memory, kept to hand it to
 	// a new daemon (live upgrade).
 	memfd int
 	// txq and rxq view the two queues, for their occupancy only (the
-	// engine and the client own the indexes).
+	// engine and the client own the indexes). Made without reading the
+	// memory, and read only once the socket carried traffic, so that idle
+	// sockets' pages stay out of the daemon.
 	txq, rxq *shmq.Queue
 	// rxMax and txMax are the highest occupancy the stats publisher saw
 	// since the last reset (guarded by the session's pub).
 	rxMax, txMax uint64
-	// rxWait and txWait are the daemon's ends of the eventfds the client
-	// sleeps on, until the socket is bound. A bind hands the endpoint
-	// duplicates, so a failed bind (which closes what it was given) leaves
-	// these usable for the next attempt; a successful one closes them.
-	rxWait, txWait *shmq.Waiter
-	// home is the ring whose doorbell the client got at OPEN; the socket
-	// can bind on it only.
+	// home is the socket's lane's ring (the lane number the client got at
+	// OPEN); the socket can bind on it only.
 	home *ringInfo
 	ep   *ring.Endpoint
 
@@ -67,51 +68,24 @@ type socket struct {
 // pendingGroup is a multicast membership requested before the bind.
 type pendingGroup struct{ group, source netip.Addr }
 
-// rxOffset is where the RX queue starts in a socket's memfd: right after
-// the TX queue (shmq.Size is a multiple of 256, so it stays cache-line
-// aligned).
-func rxOffset(queueBytes int) int { return shmq.Size(queueBytes) }
-
-// newSocket creates a socket's memfd with both queues formatted, and its
-// eventfds. The socket keeps the memfd (k.memfd), which the caller sends.
-func newSocket(id uint32, family uint16, queueBytes int, home *ringInfo) (_ *socket, err error) {
-	k := &socket{id: id, family: family, queueBytes: queueBytes, home: home, hdr: ring.DefaultHeaderOptions, memfd: -1}
-	home.homed.Add(1)
-	size := config.SocketMemory(queueBytes)
-	k.memfd, k.mem, err = shmq.CreateMemfd(fmt.Sprintf("bypassd-socket-%d", id), size)
+// newSocket carves a socket's queues out of the session memory.
+func newSocket(id uint32, family uint16, queueBytes int, home *ringInfo, m *sessionMemory) (*socket, error) {
+	p, err := m.alloc(queueBytes)
 	if err != nil {
-		return nil, fmt.Errorf("create shared memory of %d bytes: %w", size, err)
+		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			k.close()
-		}
-	}()
-	k.carve()
-	if k.txq, err = shmq.Init(k.tx, queueBytes); err != nil {
-		return nil, fmt.Errorf("format TX queue: %w", err)
-	}
-	if k.rxq, err = shmq.Init(k.rx, queueBytes); err != nil {
-		return nil, fmt.Errorf("format RX queue: %w", err)
-	}
-	if k.rxWait, err = shmq.NewWaiter(); err != nil {
-		return nil, fmt.Errorf("RX eventfd: %w", err)
-	}
-	if k.txWait, err = shmq.NewWaiter(); err != nil {
-		return nil, fmt.Errorf("TX eventfd: %w", err)
-	}
+	k := &socket{id: id, family: family, queueBytes: queueBytes, home: home, hdr: ring.DefaultHeaderOptions, q: p,
+		tx: m.queue(p.txOff, queueBytes), rx: m.queue(p.rxOff, queueBytes)}
+	home.homed.Add(1)
+	// Cannot fail: the arena hands out page-aligned ranges of this size.
+	k.txq, _ = shmq.AttachFresh(k.tx, queueBytes)
+	k.rxq, _ = shmq.AttachFresh(k.rx, queueBytes)
 	return k, nil
 }
 
-// carve sets the two queues' memory within k.mem.
-func (k *socket) carve() {
-	qs := shmq.Size(k.queueBytes)
-	k.tx = k.mem[:qs:qs]
-	k.rx = k.mem[rxOffset(k.queueBytes) : rxOffset(k.queueBytes)+qs : rxOffset(k.queueBytes)+qs]
-}
-
-// close releases everything the socket holds. The endpoint goes first:
-// once its Close returns the engine no longer touches the memory.
+// close releases what the socket holds except its session memory (see
+// session.closeSocket). The endpoint goes first: once its Close returns the
+// engine no longer touches the memory.
 func (k *socket) close() {
 	if k.stream != nil {
 		k.streamClose()
@@ -128,34 +102,6 @@ func (k *socket) close() {
 		k.home.rates.Release(k.rate)
 		k.rate = nil
 	}
-	if k.rxWait != nil {
-		_ = k.rxWait.Close()
-	}
-	if k.txWait != nil {
-		_ = k.txWait.Close()
-	}
-	k.unmap()
-}
-
-// unmap frees the daemon's mapping and descriptor of the socket's memory.
-func (k *socket) unmap() {
-	if k.mem != nil {
-		_ = shmq.Unmap(k.mem)
-		k.mem, k.tx, k.rx, k.txq, k.rxq = nil, nil, nil, nil, nil
-	}
-	if k.memfd >= 0 {
-		unix.Close(k.memfd)
-		k.memfd = -1
-	}
-}
-
-// dupWaiter returns a new Waiter on a duplicate of w's eventfd.
-func dupWaiter(w *shmq.Waiter) (*shmq.Waiter, error) {
-	fd, err := unix.FcntlInt(uintptr(w.FD()), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("duplicate eventfd: %w", err)
-	}
-	return shmq.NewWaiterFD(fd)
 }
 
 // onOpen creates a socket and sends its memfd and eventfds.
@@ -172,7 +118,7 @@ func (s *session) onOpen(h ctlproto.Header, m *ctlproto.Open) bool {
 	}
 	rh := ctlproto.ReplyHeader(h)
 	rh.Socket = k.id
-	return s.sendNew(rh, k.openReply(), k)
+	return s.sendNew(rh, s.openReply(k), k)
 }
 
 // newSocketFor checks the session's limits and creates a socket (OPEN,
@@ -190,7 +136,10 @@ func (s *session) newSocketFor(h ctlproto.Header, family, typ uint16, queueBytes
 	if err := config.CheckQueueBytes(qb); err != nil {
 		return nil, fmt.Errorf("%w: %w", err, unix.EINVAL)
 	}
-	size := int64(config.SocketMemory(qb))
+	if s.mem == nil {
+		return nil, fmt.Errorf("OPEN in a session that said HELLO with NO_SOCKETS: %w", unix.EINVAL)
+	}
+	size := shmsess.SocketSpan(qb)
 	if s.queueMem+size > cfg.MaxQueueMemory {
 		s.limitLog("queue memory limit reached: further OPENs fail with ENOMEM (raise --max-queue-memory or open smaller queues)",
 			zap.Int64("max_queue_memory", cfg.MaxQueueMemory), zap.Int64("in_use", s.queueMem))
@@ -201,12 +150,14 @@ func (s *session) newSocketFor(h ctlproto.Header, family, typ uint16, queueBytes
 	if err := home.downErr(); err != nil {
 		return nil, err
 	}
-	k, err := newSocket(s.newSocketID(), family, qb, home)
+	k, err := newSocket(s.newSocketID(), family, qb, home, s.mem)
 	if err != nil {
+		s.limitLog("session memory full: further OPENs fail with ENOMEM (raise --max-queue-memory or open smaller queues)", zap.Error(err))
 		return nil, err
 	}
 	if typ == unix.SOCK_STREAM {
-		if err := k.streamOpen(); err != nil {
+		if err := s.streamOpen(k); err != nil {
+			s.mem.free(k.q)
 			k.close()
 			return nil, err
 		}
@@ -214,32 +165,24 @@ func (s *session) newSocketFor(h ctlproto.Header, family, typ uint16, queueBytes
 	return k, nil
 }
 
-// openReply describes k's memory as OPEN and ACCEPT replies do.
-func (k *socket) openReply() ctlproto.OpenReply {
-	return ctlproto.OpenReply{QueueBytes: uint32(k.queueBytes), MemfdSize: uint64(config.SocketMemory(k.queueBytes)),
-		TXOffset: 0, RXOffset: uint64(rxOffset(k.queueBytes))}
+// openReply describes k's place in the session memory as OPEN and ACCEPT
+// replies do.
+func (s *session) openReply(k *socket) ctlproto.OpenReply {
+	return ctlproto.OpenReply{QueueBytes: uint32(k.queueBytes), Slot: uint32(k.q.slot),
+		TXOffset: uint64(k.q.txOff), RXOffset: uint64(k.q.rxOff), Lane: uint16(s.d.ringIndex(k.home))}
 }
 
-// sendNew sends a new socket's reply with its memfd and eventfds (a
-// stream socket's own doorbell, or the home ring's) and adds it to the
-// session.
+// sendNew sends a new socket's reply (no descriptors: its queues are in
+// the session memory) and adds it to the session.
 func (s *session) sendNew(rh ctlproto.Header, body ctlproto.Message, k *socket) bool {
-	fds := [ctlproto.FDsOpen]int{}
-	fds[ctlproto.FDMemfd] = k.memfd
-	fds[ctlproto.FDRXWait] = k.rxWait.FD()
-	fds[ctlproto.FDTXWait] = k.txWait.FD()
-	fds[ctlproto.FDDoorbell] = k.home.ring().Doorbell().FD()
-	if k.stream != nil {
-		fds[ctlproto.FDDoorbell] = k.stream.bell.FD()
-	}
-	ok := s.reply(rh, body, fds[:]...)
-	if !ok {
+	if !s.reply(rh, body) {
 		k.close()
+		s.mem.free(k.q)
 		return false
 	}
 	s.pub.Lock()
 	s.sockets[k.id] = k
-	s.queueMem += int64(config.SocketMemory(k.queueBytes))
+	s.queueMem += shmsess.SocketSpan(k.queueBytes)
 	s.opened++
 	s.pub.Unlock()
 	s.d.ctl.socketsTotal.Add(1)
@@ -278,8 +221,11 @@ func (s *session) closeSocket(k *socket) {
 	if ep != nil {
 		s.retire(ep)
 	}
+	if !k.lent {
+		s.mem.free(k.q)
+	}
 	delete(s.sockets, k.id)
-	s.queueMem -= int64(config.SocketMemory(k.queueBytes))
+	s.queueMem -= shmsess.SocketSpan(k.queueBytes)
 	s.log.Debug("socket closed", zap.Uint32("socket", k.id))
 }
 
@@ -322,21 +268,12 @@ func (s *session) bind(k *socket, addr netip.AddrPort, reuse bool) (netip.AddrPo
 	if err := ri.downErr(); err != nil {
 		return netip.AddrPort{}, fmt.Errorf("bind %v: %w", addr, err)
 	}
-	rxw, err := dupWaiter(k.rxWait)
+	r := ri.ring()
+	ep, err := r.Bind(addr, ring.BindOptions{ReuseAddr: reuse || k.reuseAddr,
+		Queues: &ring.Queues{TX: k.tx, RX: k.rx, QueueBytes: k.queueBytes,
+			Wake: ring.SessionWaker(s.mem.sess, k.q.slot, s.mem.wake),
+			Lane: s.mem.lane(r, s.d.ringIndex(ri)), Slot: k.q.slot}})
 	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("bind %v: %w", addr, err)
-	}
-	txw, err := dupWaiter(k.txWait)
-	if err != nil {
-		_ = rxw.Close()
-		return netip.AddrPort{}, fmt.Errorf("bind %v: %w", addr, err)
-	}
-	ep, err := ri.ring().Bind(addr, ring.BindOptions{ReuseAddr: reuse || k.reuseAddr,
-		Queues: &ring.Queues{TX: k.tx, RX: k.rx, RXWait: rxw, TXWait: txw}})
-	if err != nil {
-		// Bind may or may not have closed them; closing twice is harmless.
-		_ = rxw.Close()
-		_ = txw.Close()
 		return netip.AddrPort{}, err
 	}
 	ep.SetHeaderOptions(k.hdr)
@@ -351,11 +288,6 @@ func (s *session) bind(k *socket, addr netip.AddrPort, reuse bool) (netip.AddrPo
 	}
 	k.pending = nil
 	k.ep = ep
-	// The endpoint owns its duplicates now and a bound socket never binds
-	// again: drop the originals rather than hold two fds per socket.
-	_ = k.rxWait.Close()
-	_ = k.txWait.Close()
-	k.rxWait, k.txWait = nil, nil
 	s.log.Debug("socket bound", zap.Uint32("socket", k.id), zap.Stringer("addr", ep.LocalAddr()), zap.String("ring", ri.it.String()))
 	return ep.LocalAddr(), nil
 }

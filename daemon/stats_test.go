@@ -16,6 +16,7 @@ import (
 
 	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/shmsess"
 	"github.com/bypassd/bypassd/internal/sockq"
 	"github.com/bypassd/bypassd/stats"
 )
@@ -183,7 +184,7 @@ func TestStatsCountPacketForPacket(t *testing.T) {
 			t.Errorf("socket %d: %d batches, %d wake-ups", sk.ID, c[stats.SockRXBatches], c[stats.SockRXWakeups])
 		}
 	}
-	if snap.Client.SocketsOpened != 2 || snap.Client.Sockets != 2 || snap.Client.QueueMemory != 2*int64(config.SocketMemory(l.cfg.QueueBytes)) {
+	if snap.Client.SocketsOpened != 2 || snap.Client.Sockets != 2 || snap.Client.QueueMemory != 2*shmsess.SocketSpan(l.cfg.QueueBytes) {
 		t.Errorf("client block %+v", snap.Client)
 	}
 

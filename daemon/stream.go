@@ -1,7 +1,9 @@
 package daemon
 
-// Stream (SOCK_STREAM, TCP) sockets: OPEN gives the client a doorbell of
-// the socket's own (it wakes the socket's pump, not the ring's engine);
+// Stream (SOCK_STREAM, TCP) sockets: OPEN gives the socket a doorbell of
+// its own inside the daemon (it wakes the socket's pump, not the ring's
+// engine; the engine rings it when the client announces the socket's
+// slot on its lane, see ring.Lane.SetWaker);
 // BIND reserves the port on the ring's TCP stack; LISTEN starts a listener
 // goroutine that takes established connections (up to the backlog) and
 // announces each with an Acceptable event in the listening socket's RX
@@ -36,9 +38,14 @@ const connectTimeout = 3 * time.Second
 
 // streamState is what a stream socket has beyond a datagram socket's.
 type streamState struct {
-	// bell is the socket's doorbell: the client rings it after queueing
-	// TX records or freeing RX room, the stack's events ring it too.
+	// bell is the socket's doorbell: the engine rings it when the client
+	// announces the socket (after queueing TX records or freeing RX
+	// room), the stack's events ring it too. lane and slot are where the
+	// engine finds it; wake wakes the client (the session's events).
 	bell *shmq.Waiter
+	lane *ring.Lane
+	slot int
+	wake ring.Waker
 	ri   *ringInfo
 	// One of binding (bound), lis (listening) or conn (connecting or
 	// connected) is set once the socket is bound.
@@ -57,7 +64,7 @@ type streamState struct {
 type listener struct {
 	l       *ring.TCPListener
 	rx      *shmq.Queue
-	rxWait  *shmq.Waiter
+	rxWait  ring.Waker
 	bell    *shmq.Waiter
 	backlog int
 	stop    func()
@@ -69,14 +76,17 @@ type listener struct {
 	announced int
 }
 
-// streamOpen prepares a new stream socket's doorbell; the caller sends
-// its descriptor in place of the ring's.
-func (k *socket) streamOpen() error {
+// streamOpen prepares a new stream socket's doorbell and files it under
+// the socket's slot on its lane.
+func (s *session) streamOpen(k *socket) error {
 	bell, err := shmq.NewWaiter()
 	if err != nil {
 		return fmt.Errorf("stream doorbell: %w", err)
 	}
-	k.stream = &streamState{bell: bell}
+	m := s.mem
+	lane := m.lane(k.home.ring(), s.d.ringIndex(k.home))
+	lane.SetWaker(k.q.slot, bell)
+	k.stream = &streamState{bell: bell, lane: lane, slot: k.q.slot, wake: ring.SessionWaker(m.sess, k.q.slot, m.wake)}
 	return nil
 }
 
@@ -157,7 +167,7 @@ func (s *session) streamListen(k *socket, backlog uint32) (netip.AddrPort, error
 		return netip.AddrPort{}, err
 	}
 	st.binding = nil
-	ls := &listener{l: l, rx: rx, rxWait: k.rxWait, bell: st.bell, backlog: n, done: make(chan struct{})}
+	ls := &listener{l: l, rx: rx, rxWait: st.wake, bell: st.bell, backlog: n, done: make(chan struct{})}
 	ls.stop = l.Notify(func() { _ = st.bell.Wake() })
 	st.lis = ls
 	go ls.run()
@@ -255,14 +265,14 @@ func (s *session) onAccept(h ctlproto.Header, k *socket, m *ctlproto.AcceptReq) 
 	n.stream.opts.apply(c.Endpoint().EP)
 	rh := ctlproto.ReplyHeader(h)
 	rh.Socket = n.id
-	body := ctlproto.AcceptReply{OpenReply: n.openReply(), Peer: c.RemoteAddr(), Local: c.LocalAddr()}
+	body := ctlproto.AcceptReply{OpenReply: s.openReply(n), Peer: c.RemoteAddr(), Local: c.LocalAddr()}
 	if !s.sendNew(rh, body, n) {
 		c.Abort()
 		return false
 	}
 	// What the client queues before the pump starts waits in its queue.
 	s.pub.Lock()
-	err = n.startPump(c, false)
+	err = s.startPump(n, c, false)
 	s.pub.Unlock()
 	if err != nil {
 		c.Abort()
@@ -294,7 +304,7 @@ func (s *session) streamConnect(k *socket, peer netip.AddrPort) error {
 		return err
 	}
 	st.binding = nil
-	if err := k.startPump(c, true); err != nil {
+	if err := s.startPump(k, c, true); err != nil {
 		c.Abort()
 		return err
 	}
@@ -302,10 +312,10 @@ func (s *session) streamConnect(k *socket, peer netip.AddrPort) error {
 	return nil
 }
 
-// startPump connects c to the socket's queues. The pump owns the queue
-// memory and the client's eventfds from now on: its end releases them
-// (see streamClose).
-func (k *socket) startPump(c *ring.TCPConn, connecting bool) error {
+// startPump connects c to the socket's queues. The pump owns the queues
+// (k.lent) and the doorbell from now on: its end gives the queues back to
+// the session memory (see sessionMemory.lendToPump) and closes the bell.
+func (s *session) startPump(k *socket, c *ring.TCPConn, connecting bool) error {
 	tx, err := shmq.Attach(k.tx)
 	if err != nil {
 		return fmt.Errorf("TX queue: %w", err)
@@ -315,22 +325,23 @@ func (k *socket) startPump(c *ring.TCPConn, connecting bool) error {
 		return fmt.Errorf("RX queue: %w", err)
 	}
 	st := k.stream
-	mem, rxw, txw, bell := k.mem, k.rxWait, k.txWait, st.bell
+	bell, lane, slot, q := st.bell, st.lane, st.slot, k.q
+	ref, giveBack := s.mem.lendToPump()
 	st.conn = c
-	st.pump = tcpstack.StartPump(c.Endpoint(), tcpstack.PumpConfig{TX: tx, RX: rx, RXWait: rxw, TXWait: txw, Bell: bell,
+	st.pump = tcpstack.StartPump(c.Endpoint(), tcpstack.PumpConfig{TX: tx, RX: rx, RXWait: st.wake, TXWait: st.wake, Bell: bell,
 		Connecting: connecting, Done: func(abort bool) {
 			if abort {
 				c.Abort()
 			} else {
 				_ = c.Close()
 			}
-			_ = rxw.Close()
-			_ = txw.Close()
+			lane.SetWaker(slot, nil)
 			_ = bell.Close()
-			_ = shmq.Unmap(mem)
+			giveBack(q)
 		}})
+	ref.p = st.pump
 	// The pump's end releases these now.
-	k.mem, k.rxWait, k.txWait, st.bell = nil, nil, nil, nil
+	st.bell, k.lent = nil, true
 	return nil
 }
 
@@ -347,7 +358,7 @@ func (k *socket) streamClose() {
 			st.pump.Finish()
 		}
 		st.pump = nil
-		// The pump unmaps the memory when it ends.
+		// The pump gives the queues back when it ends.
 		k.tx, k.rx, k.txq, k.rxq = nil, nil, nil, nil
 	case st.lis != nil:
 		st.lis.close()
@@ -357,6 +368,7 @@ func (k *socket) streamClose() {
 		st.binding = nil
 	}
 	if st.bell != nil {
+		st.lane.SetWaker(st.slot, nil)
 		_ = st.bell.Close()
 		st.bell = nil
 	}

@@ -41,8 +41,20 @@ type Endpoint struct {
 
 	// Engine side of the queues: consumer of TX, producer of RX.
 	etx, erx *shmq.Queue
-	// rxWait wakes the user when RX has data; txWait when TX has room.
-	rxWait, txWait *shmq.Waiter
+	// wake wakes the user: RX data for a waiting reader, TX room for a
+	// waiting writer.
+	wake Waker
+	// lane and slot are where a client user announces TX work (nil lane:
+	// the user is in this process and announces through announce).
+	lane *Lane
+	slot int
+	// announced: queued in the ring's in-process announcements, linked
+	// through nextAnnounced.
+	announced     atomic.Bool
+	nextAnnounced atomic.Pointer[Endpoint]
+	// retired is set when the endpoint leaves the ring; the engine drops
+	// its references to it.
+	retired atomic.Bool
 	// user is the in-process user side; nil when the user is a client.
 	user *sockq.Conn
 
@@ -61,8 +73,10 @@ type Endpoint struct {
 	// engine-owned
 	touched bool
 	stalled bool
-	pace    paceState
-	cls     epClass
+	// active: in the engine's list of endpoints to visit.
+	active bool
+	pace   paceState
+	cls    epClass
 
 	stats EndpointStats
 }
@@ -138,14 +152,22 @@ type BindOptions struct {
 	Queues *Queues
 }
 
-// Queues is the memory of an endpoint's queues and the waiters through
-// which the engine wakes their user. The endpoint takes ownership of the
-// waiters and closes them on Close; the memory stays the caller's.
+// Queues is the memory of a client socket's queues in its session memory
+// and how its user and the engine wake each other. The memory stays the
+// caller's.
 type Queues struct {
-	// TX and RX are formatted shmq queues (shmq.Init): the user produces
-	// into TX and consumes from RX.
-	TX, RX         []byte
-	RXWait, TXWait *shmq.Waiter
+	// TX and RX are freshly formatted shmq queues of Size(QueueBytes)
+	// bytes (the TX queue with its consumer-waiting flag armed): the user
+	// produces into TX and consumes from RX. The engine does not read them
+	// until the user announces work, so an idle socket's pages stay out of
+	// the daemon's memory.
+	TX, RX     []byte
+	QueueBytes int
+	// Wake wakes the user (SessionWaker).
+	Wake Waker
+	// Lane and Slot are where the user announces TX work (AddLane).
+	Lane *Lane
+	Slot int
 }
 
 // BindUDP binds an in-process UDP endpoint to addr (see Bind).
@@ -208,8 +230,11 @@ func (r *Ring) Bind(addr netip.AddrPort, opts BindOptions) (_ *Endpoint, err err
 			ep.release()
 		}
 	}()
-	if err := ep.initQueues(opts.Queues, r.cfg.QueueBytes); err != nil {
+	if err := ep.initQueues(opts.Queues, r.cfg.QueueBytes, true); err != nil {
 		return nil, fail(err)
+	}
+	if ep.lane != nil && !ep.lane.valid(ep.slot) {
+		return nil, fail(fmt.Errorf("slot %d is outside its lane: %w", ep.slot, unix.EINVAL))
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -242,17 +267,17 @@ func (r *Ring) Bind(addr netip.AddrPort, opts BindOptions) (_ *Endpoint, err err
 		}
 		added = append(added, f)
 	}
-	t := r.table.Load()
-	if ip.IsMulticast() {
-		t = t.withListed(ep) // its receive key comes with JoinGroup
-	} else {
-		t = t.withEndpoint(ep.local, ep)
+	if !ip.IsMulticast() { // a group's receive key comes with JoinGroup
+		r.table.Store(r.table.Load().withKey(ep.local, ep))
 	}
-	r.table.Store(t)
-	// A sleeping engine armed the wake-up flags of the queues it knew;
-	// wake it so it arms this one's too, or the first datagram would wait
-	// for its timeout.
-	_ = r.doorbell.Wake()
+	r.eps[ep] = struct{}{}
+	r.nEps.Store(int64(len(r.eps)))
+	if ep.lane != nil {
+		ep.lane.setEndpoint(ep.slot, ep)
+	}
+	// One visit: records queued before the bind were announced while the
+	// engine did not know the slot yet.
+	r.announce(ep)
 	return ep, nil
 }
 
@@ -267,52 +292,59 @@ func unmap(ap netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
 
-func (ep *Endpoint) initQueues(q *Queues, capacity int) error {
+// initQueues sets up the endpoint's queues: q's (fresh: formatted and
+// never used, so their pages need not be read; else queues in use, as an
+// adopted endpoint's are) or, with q nil, in-process ones.
+func (ep *Endpoint) initQueues(q *Queues, capacity int, fresh bool) error {
 	var err error
-	if q == nil {
-		size := shmq.Size(capacity)
-		txMem, rxMem := make([]byte, size), make([]byte, size)
-		var txq, rxq *shmq.Queue
-		if txq, err = shmq.Init(txMem, capacity); err != nil {
+	if q != nil {
+		ep.wake, ep.lane, ep.slot = q.Wake, q.Lane, q.Slot
+		attach := func(mem []byte) (*shmq.Queue, error) {
+			if fresh {
+				return shmq.AttachFresh(mem, q.QueueBytes)
+			}
+			return shmq.Attach(mem)
+		}
+		if ep.etx, err = attach(q.TX); err != nil {
 			return fmt.Errorf("TX queue: %w", err)
 		}
-		if rxq, err = shmq.Init(rxMem, capacity); err != nil {
+		if ep.erx, err = attach(q.RX); err != nil {
 			return fmt.Errorf("RX queue: %w", err)
 		}
-		q = &Queues{TX: txMem, RX: rxMem}
-		if q.RXWait, err = shmq.NewWaiter(); err != nil {
-			return err
-		}
-		if q.TXWait, err = shmq.NewWaiter(); err != nil {
-			_ = q.RXWait.Close()
-			return err
-		}
-		ep.user = sockq.New(txq, rxq, q.RXWait, q.TXWait, ep.r.doorbell, ep.r.userPolicy)
+		return nil
 	}
-	ep.rxWait, ep.txWait = q.RXWait, q.TXWait
-	if ep.etx, err = shmq.Attach(q.TX); err != nil {
+	size := shmq.Size(capacity)
+	txMem, rxMem := make([]byte, size), make([]byte, size)
+	var txq, rxq *shmq.Queue
+	if txq, err = shmq.Init(txMem, capacity); err != nil {
 		return fmt.Errorf("TX queue: %w", err)
 	}
-	if ep.erx, err = shmq.Attach(q.RX); err != nil {
+	if rxq, err = shmq.Init(rxMem, capacity); err != nil {
 		return fmt.Errorf("RX queue: %w", err)
 	}
+	if ep.etx, err = shmq.Attach(txMem); err != nil {
+		return fmt.Errorf("TX queue: %w", err)
+	}
+	if ep.erx, err = shmq.Attach(rxMem); err != nil {
+		return fmt.Errorf("RX queue: %w", err)
+	}
+	// Armed from the start, as a client's TX queue is: the first datagram
+	// announces the endpoint.
+	ep.etx.ArmReadWait()
+	rxSig, txSig := shmq.NewSignal(), shmq.NewSignal()
+	ep.wake = multiWaker{rxSig, txSig}
+	ep.user = sockq.New(txq, rxq, rxSig, txSig, inprocAnnouncer{ep}, ep.r.userPolicy)
 	return nil
 }
 
-// release frees the reservation and the waiters (steering and table entries
-// are removed by the caller).
+// release frees the reservation and the in-process user (steering and
+// table entries are removed by the caller).
 func (ep *Endpoint) release() {
 	if ep.resv != nil {
 		_ = ep.resv.Close()
 	}
 	if ep.user != nil {
 		ep.user.Close()
-	}
-	if ep.rxWait != nil {
-		_ = ep.rxWait.Close()
-	}
-	if ep.txWait != nil {
-		_ = ep.txWait.Close()
 	}
 }
 
@@ -510,6 +542,10 @@ type retireBatch struct {
 // client with a thousand sockets dies) share one table copy and one wait for
 // the engine: closing them one by one costs a copy of the table each.
 func (r *Ring) retire(ep *Endpoint) {
+	ep.retired.Store(true)
+	if ep.lane != nil {
+		ep.lane.setEndpoint(ep.slot, nil)
+	}
 	r.retireMu.Lock()
 	if r.retiring == nil {
 		r.retiring = &retireBatch{eps: map[*Endpoint]bool{}, done: make(chan struct{})}
@@ -528,7 +564,16 @@ func (r *Ring) retire(ep *Endpoint) {
 		r.retiring = nil
 		r.retireMu.Unlock()
 		r.mu.Lock()
-		r.table.Store(r.table.Load().withoutEndpoints(b.eps))
+		var keys []netip.AddrPort
+		for e := range b.eps {
+			if !e.local.Addr().IsMulticast() {
+				keys = append(keys, e.local)
+			}
+			delete(r.eps, e)
+		}
+		r.nEps.Store(int64(len(r.eps)))
+		r.table.Store(r.table.Load().withoutEndpoints(b.eps, keys...))
+		r.retireGen.Add(1)
 		// Steering goes first so no new frame is redirected for the port.
 		var (
 			flows []qp.Flow

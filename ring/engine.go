@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -61,6 +62,10 @@ type Stats struct {
 	// reservations during a live upgrade and the new ring delivered (in
 	// RXPackets too).
 	RXKernelBacklog atomic.Uint64
+	// Iterations counts engine iterations; TXVisits the endpoints the
+	// transmit passes visited (announced, due or still busy ones only:
+	// idle endpoints cost nothing, and tests check that with these).
+	Iterations, TXVisits atomic.Uint64
 	// TXPaced counts datagrams sent from paced endpoints; TXPaceWaits
 	// times a paced endpoint's next datagram waited for its departure
 	// time; TXPaceLate those waits that ended later than the burst
@@ -162,8 +167,19 @@ type engine struct {
 	// reasmStats is published for readers on other goroutines.
 	reasmStats atomic.Pointer[reassembly.Stats]
 	lastExpire time.Time
-	// lastTable is the endpoint table templates were last pruned for.
-	lastTable *table
+	// lastRetire is the retire generation the engine last pruned its
+	// references to retired endpoints for.
+	lastRetire uint64
+	// active lists the endpoints the next transmit pass visits (announced,
+	// due from the pacing wheel, or not drained empty), next is the spare
+	// buffer; stalled those waiting for a next hop, reactivated by any
+	// resolution. Endpoint.active marks membership of either.
+	active, next, stalled []*Endpoint
+	// curLane and visitSlot drain a lane's bitmap without allocating.
+	curLane   *Lane
+	visitSlot func(int)
+	// visits counts endpoint visits, published per iteration.
+	visits uint64
 	// stg stages built frames in device memory (staging.go).
 	stg staging
 	// backlogBuf receives datagrams from port reservations (handover.go).
@@ -192,20 +208,72 @@ type engine struct {
 	qos qosState
 }
 
-// pruneTemplates forgets the templates of endpoints no longer bound.
-func (e *engine) pruneTemplates(t *table) {
-	e.lastTable = t
-	if len(e.tmpls) == 0 {
+// pruneRetired drops the engine's references to endpoints that left the
+// ring since the last call: templates, pacing state, the visit lists.
+func (e *engine) pruneRetired() {
+	g := e.r.retireGen.Load()
+	if g == e.lastRetire {
 		return
 	}
-	live := make(map[*Endpoint]bool, len(t.all))
-	for _, ep := range t.all {
-		live[ep] = true
-	}
+	e.lastRetire = g
 	for k := range e.tmpls {
-		if !live[k.ep] {
+		if k.ep.retired.Load() {
 			delete(e.tmpls, k)
 		}
+	}
+	for ep := range e.paced {
+		if ep.retired.Load() {
+			e.paceForget(ep)
+		}
+	}
+	gone := func(ep *Endpoint) bool { return ep.retired.Load() }
+	e.active = slices.DeleteFunc(e.active, gone)
+	e.stalled = slices.DeleteFunc(e.stalled, gone)
+}
+
+// activate puts ep on the next transmit pass's list.
+func (e *engine) activate(ep *Endpoint) {
+	if !ep.active {
+		ep.active = true
+		e.active = append(e.active, ep)
+	}
+}
+
+// collect activates the endpoints announced since the last pass: by
+// clients in their lanes' bitmaps and by in-process users.
+func (e *engine) collect() {
+	r := e.r
+	for _, l := range *r.lanes.Load() {
+		if l.ln.Pending() {
+			e.curLane = l
+			l.ln.Drain(e.visitSlot)
+		}
+	}
+	e.curLane = nil
+	if r.inproc.Load() == nil {
+		return
+	}
+	for ep := r.inproc.Swap(nil); ep != nil; {
+		next := ep.nextAnnounced.Load()
+		ep.nextAnnounced.Store(nil)
+		ep.announced.Store(false)
+		if !ep.retired.Load() {
+			e.activate(ep)
+		}
+		ep = next
+	}
+}
+
+// onSlot activates the endpoint of an announced slot of e.curLane; slots
+// that name none (a broken or hostile client, a socket being closed) are
+// ignored.
+func (e *engine) onSlot(slot int) {
+	ep := e.curLane.endpoint(slot)
+	switch {
+	case ep == nil:
+		e.curLane.wake(slot)
+	case !ep.retired.Load():
+		e.activate(ep)
 	}
 }
 
@@ -216,6 +284,7 @@ func (e *engine) init(r *Ring) {
 	e.dests = map[destKey]*dest{}
 	e.tmpls = map[tmplKey]tmplEntry{}
 	e.reasm = reassembly.New(r.cfg.Reassembly)
+	e.visitSlot = e.onSlot
 	e.initPacing()
 	e.qosSync()
 }
@@ -226,6 +295,7 @@ func (e *engine) loop() error {
 	var idleSince time.Time
 	for !r.stop.Load() {
 		r.epoch.Add(1)
+		r.stats.Iterations.Add(1)
 		t := r.table.Load()
 		work, err := e.iterate(t)
 		if err != nil {
@@ -242,7 +312,7 @@ func (e *engine) loop() error {
 		if r.cfg.Poll < 0 || now.Sub(idleSince) < r.cfg.Poll || e.paceImminent() {
 			continue
 		}
-		if err := e.sleep(t); err != nil {
+		if err := e.sleep(); err != nil {
 			return err
 		}
 		idleSince = time.Time{}
@@ -263,11 +333,8 @@ func (e *engine) iterate(t *table) (int, error) {
 	} else if e.pathSwitched() {
 		clear(e.tmpls) // built for the other path's largest frame
 	}
-	if t != e.lastTable {
-		e.pruneTemplates(t)
-		e.prunePaced(t)
-	}
-	e.drainBacklog(t)
+	e.pruneRetired()
+	e.drainBacklog()
 	e.qosSync()
 	work := e.receive()
 	for {
@@ -279,6 +346,12 @@ func (e *engine) iterate(t *table) (int, error) {
 		default:
 		}
 		break
+	}
+	if work > 0 && len(e.stalled) > 0 && len(r.resolved) == 0 {
+		// A next hop was answered: the stalled endpoints try again (those
+		// whose destination is still unresolved stall again).
+		e.active = append(e.active, e.stalled...)
+		e.stalled = e.stalled[:0]
 	}
 	n, err := e.transmit(t)
 	if err != nil {
@@ -298,18 +371,29 @@ func (e *engine) iterate(t *table) (int, error) {
 }
 
 // sleep blocks until the provider has frames or the doorbell rings. Before
-// sleeping it tells every TX queue's producer that the engine is asleep and
-// re-checks them, so a datagram queued in between is not missed.
-func (e *engine) sleep(t *table) error {
+// sleeping it arms the sleep flag of every lane (one word per session,
+// whatever its number of sockets) and re-checks the lanes and the
+// in-process announcements, so work announced in between is not missed.
+// Endpoints are not touched: an empty TX queue stays armed from the pass
+// that drained it.
+func (e *engine) sleep() error {
 	r := e.r
-	r.sleeping.Store(true)
+	// Swap, not Store: a full barrier before the loads below (Dekker
+	// against announce's increment and load).
+	r.sleeping.Swap(true)
 	defer r.sleeping.Store(false)
-	pending := false
-	for _, ep := range t.all {
-		// A queue stalled on next-hop resolution does not keep the
-		// engine awake: the resolution rings the doorbell. Nor does one
-		// waiting for its departure time: the timeout covers it.
-		if ep.etx.ArmReadWait() && !ep.stalled && !ep.paceWaiting() && !ep.cls.held {
+	lanes := *r.lanes.Load()
+	pending := r.inproc.Load() != nil
+	for _, ep := range e.active {
+		// An endpoint whose traffic class a limit holds back does not
+		// keep the engine awake: the class's ready time bounds the sleep.
+		if !ep.cls.held {
+			pending = true
+			break
+		}
+	}
+	for _, l := range lanes {
+		if l.ln.ArmSleep() {
 			pending = true
 		}
 	}
@@ -322,8 +406,8 @@ func (e *engine) sleep(t *table) error {
 	}
 	woke, err := r.prov.Wait(timeout, r.doorbell.FD())
 	e.paceWoke()
-	for _, ep := range t.all {
-		ep.etx.DisarmReadWait()
+	for _, l := range lanes {
+		l.ln.DisarmSleep()
 	}
 	if woke {
 		drainEventfd(r.doorbell.FD())
@@ -538,7 +622,7 @@ func (e *engine) publishTouched() {
 		ep.stats.RXBatches.Add(1)
 		if ep.erx.Publish() {
 			ep.stats.RXWakeups.Add(1)
-			_ = ep.rxWait.Wake()
+			_ = ep.wake.Wake()
 		}
 	}
 	e.touched = e.touched[:0]
@@ -576,7 +660,41 @@ func (e *engine) transmit(t *table) (int, error) {
 			return 0, nil
 		}
 	}
-	work, err := e.sendClasses(t, t.all)
+	e.collect()
+	list := e.active
+	e.active = e.next[:0]
+	cand := list[:0]
+	for _, ep := range list {
+		ep.active = false
+		if ep.retired.Load() || ep.broken.Load() || ep.paceWaiting() {
+			// The pacing wheel reactivates a waiting endpoint when due.
+			continue
+		}
+		cand = append(cand, ep)
+	}
+	e.visits += uint64(len(cand))
+	work, err := e.sendClasses(t, cand)
+	for _, ep := range cand {
+		switch {
+		case ep.retired.Load() || ep.broken.Load():
+		case ep.stalled:
+			if !ep.active {
+				ep.active = true
+				e.stalled = append(e.stalled, ep)
+			}
+		case ep.paceWaiting():
+		case ep.etx.Readable():
+			// Left for the batch, the class's budget or its limit.
+			e.activate(ep)
+		case ep.etx.ArmReadWait():
+			// Records arrived between the drain and arming: the producer
+			// may not have announced them.
+			e.activate(ep)
+		}
+	}
+	e.next = list[:0]
+	r := e.r
+	r.stats.TXVisits.Store(e.visits)
 	if err != nil {
 		return work, err
 	}
@@ -619,8 +737,9 @@ func (e *engine) drain(t *table, ep *Endpoint, budget int64) (n int, wire int64,
 			// go on.
 			if !ep.broken.Swap(true) {
 				r.log.Warn("endpoint TX queue corrupt; endpoint disabled", zap.Stringer("local", ep.local), zap.Error(err))
-				_ = ep.rxWait.Close()
-				_ = ep.txWait.Close()
+				if ep.user != nil {
+					ep.user.Break(fmt.Errorf("TX queue: %w", err))
+				}
 			}
 			break
 		}
@@ -727,7 +846,7 @@ func (e *engine) drain(t *table, ep *Endpoint, budget int64) (n int, wire int64,
 	}
 	if n > 0 && ep.etx.Release() {
 		ep.stats.TXWakeups.Add(1)
-		ep.txWait.Wake()
+		_ = ep.wake.Wake()
 	}
 	return n, wire, more, nil
 }

@@ -15,9 +15,9 @@ import (
 // Pacing in the engine. A paced endpoint's datagrams stay in its TX queue
 // until their departure time (so backpressure reaches the sender through
 // its full queue, and nothing is dropped); the endpoint waits in the
-// engine's timing wheel meanwhile and the per-iteration pass over the
-// endpoints skips it. Unpaced endpoints are drained as before, never
-// behind paced ones. With a provider that paces in hardware
+// engine's timing wheel meanwhile, off the engine's visit list, and the
+// wheel puts it back when due. Unpaced endpoints are drained as before,
+// never behind paced ones. With a provider that paces in hardware
 // (qp.RateLimiter) the engine gives each paced endpoint its own send queue
 // and lets the device enforce the rate.
 
@@ -63,9 +63,9 @@ func (ep *Endpoint) SetPacing(r *pacing.Rate) {
 		r = &c
 	}
 	ep.rate.Store(r)
-	// A sleeping engine, or one holding the endpoint in its wheel, looks
-	// again.
-	_ = ep.r.doorbell.Wake()
+	// The engine looks at the endpoint again, also when it holds it in
+	// its wheel or sleeps.
+	ep.r.announce(ep)
 }
 
 // Pacing returns the endpoint's pacing rate; ok is false when unpaced.
@@ -130,13 +130,15 @@ func (e *engine) paceAdvance() {
 	}
 }
 
-// fired counts a departure that came later than the burst allowance can
-// make up for: the rate lost that time (the engine was not scheduled, or
-// busy elsewhere).
+// fired puts an endpoint whose departure time came back on the visit
+// list, and counts a departure that came later than the burst allowance
+// can make up for: the rate lost that time (the engine was not scheduled,
+// or busy elsewhere).
 func (e *engine) fired(it *pacing.Item[*Endpoint]) {
 	if e.now-it.Due() > it.Value.pace.pacer.BurstNs() {
 		e.r.stats.TXPaceLate.Add(1)
 	}
+	e.activate(it.Value)
 }
 
 // paceWaiting reports whether ep waits in the wheel with an unchanged
@@ -217,23 +219,6 @@ func (e *engine) paceForget(ep *Endpoint) {
 	ps.applied = nil
 	delete(e.paced, ep)
 	e.r.stats.PacedQueues.Store(uint64(len(e.paced)))
-}
-
-// prunePaced forgets the pacing state of endpoints no longer in t, before
-// the engine could touch their queues again.
-func (e *engine) prunePaced(t *table) {
-	if len(e.paced) == 0 {
-		return
-	}
-	live := make(map[*Endpoint]bool, len(t.all))
-	for _, ep := range t.all {
-		live[ep] = true
-	}
-	for ep := range e.paced {
-		if !live[ep] {
-			e.paceForget(ep)
-		}
-	}
 }
 
 // paceAllow reports whether ep's next datagram, of wire bytes, may leave

@@ -15,6 +15,7 @@ import (
 
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/internal/shmsess"
 	"github.com/bypassd/bypassd/internal/sockq"
 	"github.com/bypassd/bypassd/ring"
 )
@@ -239,28 +240,44 @@ func TestHeaderOptions(t *testing.T) {
 	}
 }
 
-// TestCallerQueues binds over queues in a sealed memfd, with the user side
-// on a second mapping of it, as the daemon and a client do.
+// TestCallerQueues binds over queues in a session memory (a sealed memfd),
+// with the user side on a second mapping of it, as the daemon and a client
+// do: TX announced through the lane bitmap and the doorbell, RX woken
+// through the events bitmap and the client eventfd.
 func TestCallerQueues(t *testing.T) {
 	l := newLab(t, ring.Config{})
 	const capacity = 1 << 16
-	size := 2 * shmq.Size(capacity)
-	fd, mem, err := shmq.CreateMemfd("test-queues", size)
+	lay, err := shmsess.NewLayout(64, 1, 16*shmsess.SocketSpan(capacity))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, mem, err := shmq.CreateMemfd("test-session", int(lay.Size))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
 	defer shmq.Unmap(mem)
-	half := shmq.Size(capacity)
-	if _, err := shmq.Init(mem[:half], capacity); err != nil {
+	sess, err := shmsess.Init(mem, lay)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := shmq.Init(mem[half:], capacity); err != nil {
+	const slot = 5
+	txOff := lay.ArenaOffset + 3*shmsess.SocketSpan(capacity)
+	rxOff := txOff + shmsess.QueueSpan(capacity)
+	txq, _ := sess.Queue(uint64(txOff), capacity)
+	rxq, _ := sess.Queue(uint64(rxOff), capacity)
+	// Formatted as the daemon does: the TX queue's consumer (the engine)
+	// armed from the start.
+	img, _ := shmq.HeaderImage(capacity, true)
+	copy(txq, img)
+	if _, err := shmq.Init(rxq, capacity); err != nil {
 		t.Fatal(err)
 	}
-	rxWait, _ := shmq.NewWaiter()
-	txWait, _ := shmq.NewWaiter()
-	ep, err := l.r.Bind(netip.AddrPortFrom(l.p.A.Addr4(), 0), ring.BindOptions{Queues: &ring.Queues{TX: mem[:half], RX: mem[half:], RXWait: rxWait, TXWait: txWait}})
+	clientWake, _ := shmq.NewWaiter()
+	lane := l.r.AddLane(sess.Lane(0), lay.MaxSlots)
+	defer lane.Close()
+	ep, err := l.r.Bind(netip.AddrPortFrom(l.p.A.Addr4(), 0), ring.BindOptions{Queues: &ring.Queues{TX: txq, RX: rxq, QueueBytes: capacity,
+		Wake: ring.SessionWaker(sess, slot, clientWake), Lane: lane, Slot: slot}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,14 +286,20 @@ func TestCallerQueues(t *testing.T) {
 		t.Fatalf("in-process send on a client endpoint: %v", err)
 	}
 
-	// The "client": its own mapping, its own copies of the eventfds.
-	cmem, err := shmq.MapMemfd(fd, size)
+	// The "client": its own mapping and copies of the eventfds.
+	cmem, err := shmq.MapMemfd(fd, int(lay.Size))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer shmq.Unmap(cmem)
-	ctx, _ := shmq.Attach(cmem[:half])
-	crx, _ := shmq.Attach(cmem[half:])
+	csess, err := shmsess.Attach(cmem, lay.MaxSlots, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctxm, _ := csess.Queue(uint64(txOff), capacity)
+	crxm, _ := csess.Queue(uint64(rxOff), capacity)
+	ctx, _ := shmq.Attach(ctxm)
+	crx, _ := shmq.Attach(crxm)
 	dup := func(w *shmq.Waiter) *shmq.Waiter {
 		nfd, err := unix.Dup(w.FD())
 		if err != nil {
@@ -290,24 +313,42 @@ func TestCallerQueues(t *testing.T) {
 	}
 	bell := dup(l.r.Doorbell())
 	defer bell.Close()
-	user := sockq.New(ctx, crx, dup(rxWait), dup(txWait), bell, shmq.Policy{})
+	disp := shmsess.NewDispatcher(csess, dup(clientWake))
+	defer disp.Close()
+	rxSig, txSig := shmq.NewSignal(), shmq.NewSignal()
+	disp.Register(slot, multi{rxSig, txSig})
+	user := sockq.New(ctx, crx, rxSig, txSig, shmsess.NewAnnouncer(csess, 0, slot, bell), shmq.Policy{})
 	defer user.Close()
 
 	peer := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
-	if _, err := user.SendBatch([][]byte{[]byte("from client")}, peer.LocalAddr().(*net.UDPAddr).AddrPort(), time.Time{}); err != nil {
-		t.Fatal(err)
-	}
 	buf := make([]byte, 64)
-	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
-	n, from, err := peer.ReadFromUDPAddrPort(buf)
-	if err != nil || string(buf[:n]) != "from client" || from.Port() != ep.LocalAddr().Port() {
-		t.Fatalf("kernel peer got %q from %v: %v", buf[:n], from, err)
+	for i := range 3 {
+		// Each round the engine found the queue empty and sleeps: the send
+		// must announce the socket again.
+		time.Sleep(20 * time.Millisecond)
+		if _, err := user.SendBatch([][]byte{[]byte("from client")}, peer.LocalAddr().(*net.UDPAddr).AddrPort(), time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, from, err := peer.ReadFromUDPAddrPort(buf)
+		if err != nil || string(buf[:n]) != "from client" || from.Port() != ep.LocalAddr().Port() {
+			t.Fatalf("round %d: kernel peer got %q from %v: %v", i, buf[:n], from, err)
+		}
+		if _, err := peer.WriteToUDPAddrPort([]byte("to client"), ep.LocalAddr()); err != nil {
+			t.Fatal(err)
+		}
+		msgs := []sockq.Message{{Buf: make([]byte, 64)}}
+		if _, err := user.RecvBatch(msgs, time.Now().Add(5*time.Second)); err != nil || string(msgs[0].Buf[:msgs[0].N]) != "to client" {
+			t.Fatalf("round %d: client received %q: %v", i, msgs[0].Buf[:msgs[0].N], err)
+		}
 	}
-	if _, err := peer.WriteToUDPAddrPort([]byte("to client"), ep.LocalAddr()); err != nil {
-		t.Fatal(err)
+}
+
+type multi []*shmq.Signal
+
+func (m multi) Wake() error {
+	for _, s := range m {
+		_ = s.Wake()
 	}
-	msgs := []sockq.Message{{Buf: make([]byte, 64)}}
-	if _, err := user.RecvBatch(msgs, time.Now().Add(5*time.Second)); err != nil || string(msgs[0].Buf[:msgs[0].N]) != "to client" {
-		t.Fatalf("client received %q: %v", msgs[0].Buf[:msgs[0].N], err)
-	}
+	return nil
 }

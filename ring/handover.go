@@ -5,14 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/internal/dgram"
-	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring/provider/afxdp"
 	"github.com/bypassd/bypassd/ring/qp"
 	"github.com/bypassd/bypassd/ring/route"
@@ -45,8 +44,6 @@ const releaseDrain = 200 * time.Millisecond
 
 // Adoption is what a ring opened for a takeover reuses.
 type Adoption struct {
-	// Doorbell is the engine's eventfd the clients hold.
-	Doorbell *shmq.Waiter
 	// Program is the interface's steering program, adopted with
 	// bpf.Adopt (shared by the interface's rings like an attached one).
 	Program *bpf.Program
@@ -121,6 +118,15 @@ func (r *Ring) PathHandover() (*qp.PathHandover, error) {
 	return h, nil
 }
 
+// endpointsLocked lists the bound endpoints (the caller holds mu).
+func (r *Ring) endpointsLocked() []*Endpoint {
+	eps := make([]*Endpoint, 0, len(r.eps))
+	for ep := range r.eps {
+		eps = append(eps, ep)
+	}
+	return eps
+}
+
 // beginHandover closes the ring to new endpoints and returns its steering
 // and endpoints.
 func (r *Ring) beginHandover() (*afxdp.Steering, []*Endpoint, error) {
@@ -134,7 +140,7 @@ func (r *Ring) beginHandover() (*afxdp.Steering, []*Endpoint, error) {
 		return nil, nil, errRingClosed
 	}
 	r.closed = true
-	return st, r.table.Load().all, nil
+	return st, r.endpointsLocked(), nil
 }
 
 // stopEngine stops the engine thread; its state is the caller's after.
@@ -293,7 +299,7 @@ func (r *Ring) Discard() error {
 	}
 	r.mu.Lock()
 	r.closed = true
-	eps := r.table.Load().all
+	eps := r.endpointsLocked()
 	r.mu.Unlock()
 	r.cancel()
 	return errors.Join(r.abandon(st, eps)...)
@@ -334,7 +340,10 @@ func (r *Ring) abandon(st *afxdp.Steering, eps []*Endpoint) []error {
 	if r.fb.wake != nil {
 		errs = append(errs, r.fb.wake.Close())
 	}
-	errs = append(errs, r.res.Close(), r.doorbell.Close())
+	errs = append(errs, r.res.Close())
+	if r.cfg.Doorbell == nil {
+		errs = append(errs, r.doorbell.Close())
+	}
 	r.nl.Close()
 	r.ns.Close()
 	r.log.Info("ring handed over", zap.Int("endpoints", len(eps)), zap.Uint64("xsk_rx_dropped", ps.RXDropped),
@@ -361,7 +370,10 @@ func (r *Ring) Activate(st *PathState) error {
 		}
 		// The endpoints' queues were attached while the old engine still
 		// moved their indexes.
-		for _, ep := range r.table.Load().all {
+		r.mu.Lock()
+		eps := r.endpointsLocked()
+		r.mu.Unlock()
+		for _, ep := range eps {
 			if err := errors.Join(ep.etx.Resync(), ep.erx.Resync()); err != nil {
 				return fmt.Errorf("ring %s/%d: endpoint %v: %w", r.cfg.Interface, r.cfg.Queue, ep.local, err)
 			}
@@ -380,9 +392,10 @@ func (r *Ring) Activate(st *PathState) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, ep := range r.table.Load().all {
+	for _, ep := range *r.adoptedEps.Load() {
 		ep.adopted.Store(false)
 	}
+	r.adoptedEps.Store(&[]*Endpoint{})
 	return nil
 }
 
@@ -438,7 +451,7 @@ func (r *Ring) backlogPass() {
 
 // drainBacklog moves the datagrams the kernel held on adopted endpoints'
 // reservations into their RX queues (engine thread).
-func (e *engine) drainBacklog(t *table) {
+func (e *engine) drainBacklog() {
 	r := e.r
 	if !r.backlogWanted.Load() {
 		return
@@ -448,8 +461,8 @@ func (e *engine) drainBacklog(t *table) {
 	}
 	st := e.stamps(time.Now().UnixNano(), 0)
 	var pkts, bytes uint64
-	for _, ep := range t.all {
-		if !ep.adopted.Load() {
+	for _, ep := range *r.adoptedEps.Load() {
+		if !ep.adopted.Load() || ep.retired.Load() {
 			continue
 		}
 		for {
@@ -474,45 +487,28 @@ func (e *engine) drainBacklog(t *table) {
 	r.backlogWanted.Store(false)
 }
 
-// EndpointHandover is an endpoint's state and duplicates of its
-// descriptors (the caller's to close), for a new daemon.
+// EndpointHandover is an endpoint's state and a duplicate of its port
+// reservation's descriptor (the caller's to close), for a new daemon. Its
+// queues and wake-ups live in the client's session memory, which the
+// daemon hands over as a whole.
 type EndpointHandover struct {
-	Local, Peer    netip.AddrPort
-	Steered        []netip.Addr
-	Groups         []Membership
-	Reservation    int
-	RXWait, TXWait int
+	Local, Peer netip.AddrPort
+	Steered     []netip.Addr
+	Groups      []Membership
+	Reservation int
 }
 
 // Handover describes the endpoint for a new daemon.
-func (ep *Endpoint) Handover() (h EndpointHandover, err error) {
-	h = EndpointHandover{Local: ep.local, Peer: ep.Peer(), Steered: ep.steered, Groups: ep.Memberships(),
-		Reservation: -1, RXWait: -1, TXWait: -1}
-	dup := func(fd int) (int, error) { return unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0) }
-	defer func() {
-		if err != nil {
-			for _, fd := range []int{h.Reservation, h.RXWait, h.TXWait} {
-				if fd >= 0 {
-					unix.Close(fd)
-				}
-			}
-		}
-	}()
-	if h.Reservation, err = ep.resv.Dup(); err != nil {
-		return h, err
-	}
-	if h.RXWait, err = dup(ep.rxWait.FD()); err != nil {
-		return h, fmt.Errorf("duplicate RX eventfd: %w", err)
-	}
-	if h.TXWait, err = dup(ep.txWait.FD()); err != nil {
-		return h, fmt.Errorf("duplicate TX eventfd: %w", err)
-	}
-	return h, nil
+func (ep *Endpoint) Handover() (EndpointHandover, error) {
+	h := EndpointHandover{Local: ep.local, Peer: ep.Peer(), Steered: ep.steered, Groups: ep.Memberships(), Reservation: -1}
+	var err error
+	h.Reservation, err = ep.resv.Dup()
+	return h, err
 }
 
 // AdoptEndpoint binds an endpoint a previous daemon handed over: the same
 // address, peer, steering and memberships, its reservation (h.Reservation,
-// owned from now on like q's waiters, also on error) and the queues in q.
+// owned from now on, also on error) and the queues in q.
 // The kernel's multicast memberships are on the reservation already. Until
 // Activate, what the kernel held on the reservation is delivered first.
 func (r *Ring) AdoptEndpoint(h EndpointHandover, q *Queues) (_ *Endpoint, err error) {
@@ -521,8 +517,6 @@ func (r *Ring) AdoptEndpoint(h EndpointHandover, q *Queues) (_ *Endpoint, err er
 	}
 	resv, err := route.AdoptReservation(h.Reservation)
 	if err != nil {
-		_ = q.RXWait.Close()
-		_ = q.TXWait.Close()
 		return nil, fail(err)
 	}
 	ep := &Endpoint{r: r, local: unmap(h.Local), resv: resv, steered: h.Steered}
@@ -534,7 +528,7 @@ func (r *Ring) AdoptEndpoint(h EndpointHandover, q *Queues) (_ *Endpoint, err er
 			ep.release()
 		}
 	}()
-	if err := ep.initQueues(q, r.cfg.QueueBytes); err != nil {
+	if err := ep.initQueues(q, r.cfg.QueueBytes, false); err != nil {
 		return nil, fail(err)
 	}
 	if h.Peer.IsValid() {
@@ -575,15 +569,21 @@ func (r *Ring) AdoptEndpoint(h EndpointHandover, q *Queues) (_ *Endpoint, err er
 	}
 	ep.members.Store(ms)
 	t := r.table.Load()
-	if ep.local.Addr().IsMulticast() {
-		t = t.withListed(ep)
-	} else {
-		t = t.withEndpoint(ep.local, ep)
+	if !ep.local.Addr().IsMulticast() {
+		t = t.withKey(ep.local, ep)
 	}
 	for _, m := range ms.groups {
 		t = t.withKey(netip.AddrPortFrom(m.group, ep.local.Port()), ep)
 	}
 	r.table.Store(t)
-	_ = r.doorbell.Wake()
+	r.eps[ep] = struct{}{}
+	r.nEps.Store(int64(len(r.eps)))
+	adopted := append(slices.Clone(*r.adoptedEps.Load()), ep)
+	r.adoptedEps.Store(&adopted)
+	if ep.lane != nil {
+		ep.lane.setEndpoint(ep.slot, ep)
+	}
+	// One visit: the client may have queued records for the old daemon.
+	r.announce(ep)
 	return ep, nil
 }

@@ -123,6 +123,11 @@ type Config struct {
 	// lowers the conversion mode to what the interface supports and says
 	// why in its "ring open" log line (HWTimestampMode reports it).
 	HWTimestamps tsconv.Mode
+	// Doorbell, when not nil, is the eventfd that wakes the engine,
+	// owned by the caller: a ring opened again after its interface came
+	// back keeps the doorbell its clients already hold. Nil: the ring
+	// makes its own.
+	Doorbell *shmq.Waiter
 
 	// Adopt opens the ring on objects a previous daemon handed over (live
 	// upgrade, see handover.go); nil for a fresh ring.
@@ -186,14 +191,29 @@ type Ring struct {
 	// standbyDeferred: an adopting ring (Config.Adopt) adds flows to its
 	// standby TAP path only at Activate (handover.go).
 	standbyDeferred bool
+	// eps is every bound endpoint (guarded by mu); nEps its size for
+	// readers without the lock.
+	eps  map[*Endpoint]struct{}
+	nEps atomic.Int64
+	// lanes are the client sessions' announce bitmaps the engine drains
+	// (copy-on-write under mu).
+	lanes atomic.Pointer[[]*Lane]
+	// inproc is a stack (linked through Endpoint.nextAnnounced) of the
+	// endpoints announced by in-process users, new bindings and pacing
+	// changes, for the engine's next iteration.
+	inproc atomic.Pointer[Endpoint]
+	// retireGen counts retire batches: the engine prunes its references
+	// to retired endpoints when it changes.
+	retireGen atomic.Uint64
 	// retireMu guards the batch of endpoints waiting to leave the table
 	// and whether a closer is already removing one (see retire).
 	retireMu   sync.Mutex
 	retiring   *retireBatch
 	retireBusy bool
 
-	// doorbell wakes the sleeping engine: endpoints ring it when they queue
-	// datagrams, resolvers when a next hop is ready, Close when it stops.
+	// doorbell wakes the sleeping engine: users ring it when they announce
+	// work to a sleeping engine, resolvers when a next hop is ready, Close
+	// when it stops.
 	doorbell *shmq.Waiter
 	// epoch counts engine iterations; synced is how far a writer that
 	// changed the endpoint table waits before freeing what it removed.
@@ -207,6 +227,10 @@ type Ring struct {
 	startedAt   time.Time
 	quiesced    *afxdp.Steering
 	quiescedEPs []*Endpoint
+	// adoptedEps are the endpoints adopted since Open, until Activate
+	// (copy-on-write under mu): the engine reads their reservations'
+	// backlogs.
+	adoptedEps atomic.Pointer[[]*Endpoint]
 	// backlogWanted asks the engine to read the adopted endpoints'
 	// reservations (handover.go).
 	backlogWanted atomic.Bool
@@ -325,13 +349,16 @@ func Open(cfg Config) (_ *Ring, err error) {
 		return nil, fmt.Errorf("ring %s/%d: %w", cfg.Interface, cfg.Queue, err)
 	}
 	cleanups = append(cleanups, func() { _ = r.res.Close() })
-	if cfg.Adopt != nil && cfg.Adopt.Doorbell != nil {
-		// Clients hold this eventfd: the new engine must sleep on it.
-		r.doorbell = cfg.Adopt.Doorbell
-	} else if r.doorbell, err = shmq.NewWaiter(); err != nil {
-		return nil, fmt.Errorf("ring %s/%d: doorbell: %w", cfg.Interface, cfg.Queue, err)
+	if r.doorbell = cfg.Doorbell; r.doorbell == nil {
+		if r.doorbell, err = shmq.NewWaiter(); err != nil {
+			return nil, fmt.Errorf("ring %s/%d: doorbell: %w", cfg.Interface, cfg.Queue, err)
+		}
+		cleanups = append(cleanups, func() { _ = r.doorbell.Close() })
 	}
-	r.table.Store(&table{byAddr: map[netip.AddrPort][]*Endpoint{}})
+	r.table.Store(&table{})
+	r.lanes.Store(&[]*Lane{})
+	r.adoptedEps.Store(&[]*Endpoint{})
+	r.eps = map[*Endpoint]struct{}{}
 	r.flowRefs = map[qp.Flow]int{}
 	r.overlays = map[int]*overlay{}
 	r.ovList.Store(&[]*overlay{})
@@ -393,8 +420,9 @@ func DefaultFrameSize(mtu int) int {
 // header templates and fragmentation use.
 func (r *Ring) MTU() int { return int(r.mtu.Load()) }
 
-// Doorbell is the waiter that wakes the sleeping engine; users write it
-// after queueing datagrams (clients receive its file descriptor).
+// Doorbell is the waiter that wakes the sleeping engine; a client writes it
+// after announcing work on this ring's lane while the engine sleeps (every
+// session receives its file descriptor in the HELLO reply).
 func (r *Ring) Doorbell() *shmq.Waiter { return r.doorbell }
 
 // Ifindex returns the ring's interface index.
@@ -407,7 +435,18 @@ func (r *Ring) Caps() qp.Caps { return r.prov.Caps() }
 func (r *Ring) Interface() (string, int) { return r.cfg.Interface, r.cfg.Queue }
 
 // Endpoints returns how many endpoints are bound on the ring.
-func (r *Ring) Endpoints() int { return len(r.table.Load().all) }
+func (r *Ring) Endpoints() int { return int(r.nEps.Load()) }
+
+// endpoints returns the bound endpoints (a copy).
+func (r *Ring) endpoints() []*Endpoint {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*Endpoint, 0, len(r.eps))
+	for ep := range r.eps {
+		out = append(out, ep)
+	}
+	return out
+}
 
 // Program returns the XDP steering program the ring uses, nil when its
 // provider is steered otherwise.
@@ -450,9 +489,9 @@ func (r *Ring) Close() error {
 		return nil
 	}
 	r.closed = true
-	eps := r.table.Load().all
 	r.mu.Unlock()
 	r.leaveGroup()
+	eps := r.endpoints()
 	for _, ep := range eps {
 		_ = ep.Close()
 	}
@@ -469,7 +508,9 @@ func (r *Ring) Close() error {
 	r.stopWatch()
 	errs = append(errs, r.closePaths())
 	errs = append(errs, r.res.Close())
-	errs = append(errs, r.doorbell.Close())
+	if r.cfg.Doorbell == nil {
+		errs = append(errs, r.doorbell.Close())
+	}
 	r.nl.Close()
 	r.ns.Close()
 	st := &r.stats
@@ -513,13 +554,11 @@ func (r *Ring) run() {
 		r.log.Error("ring engine stopped", zap.Error(err))
 		// Nobody will serve the queues any more: fail their users now
 		// rather than let them wait forever.
-		for _, ep := range r.table.Load().all {
+		for _, ep := range r.endpoints() {
 			ep.broken.Store(true)
 			if ep.user != nil {
 				ep.user.Break(fmt.Errorf("ring %s/%d stopped: %w", r.cfg.Interface, r.cfg.Queue, err))
 			}
-			_ = ep.rxWait.Close()
-			_ = ep.txWait.Close()
 		}
 	}
 }

@@ -2,82 +2,84 @@ package ring
 
 import "net/netip"
 
-// table is the engine's view of the bound endpoints. It is immutable once
-// published: writers (holding Ring.mu) copy it, change the copy and swap the
-// pointer, so the engine reads it without locks.
+// tableShards splits the receive table so that a bind or close copies one
+// shard, not the whole table: with 100,000 sockets a whole copy per bind
+// made binding quadratic.
+const tableShards = 256
+
+type shard map[netip.AddrPort][]*Endpoint
+
+// table is the engine's view of the bound endpoints' receive keys. It is
+// immutable once published: writers (holding Ring.mu) copy the shards they
+// change and swap the pointer, so the engine reads it without locks.
 type table struct {
-	// byAddr maps a local address — the bound one (possibly the
+	// shards map a local address — the bound one (possibly the
 	// unspecified address of its family) or a joined multicast group, with
 	// the endpoint's port — to the endpoints receiving there, most recently
-	// added last.
-	byAddr map[netip.AddrPort][]*Endpoint
-	// all lists every endpoint once, for the engine's TX scan.
-	all []*Endpoint
+	// added last; shardOf picks the shard of a key. A nil shard is empty.
+	shards [tableShards]shard
 }
 
-func (t *table) clone() *table {
-	n := &table{byAddr: make(map[netip.AddrPort][]*Endpoint, len(t.byAddr)+1), all: t.all[:len(t.all):len(t.all)]}
-	for k, v := range t.byAddr {
-		n.byAddr[k] = v
+func shardOf(k netip.AddrPort) int {
+	a := k.Addr().As16()
+	return int(k.Port()^uint16(a[15])<<8^uint16(a[14])) % tableShards
+}
+
+func (t *table) get(k netip.AddrPort) ([]*Endpoint, bool) {
+	eps, ok := t.shards[shardOf(k)][k]
+	return eps, ok
+}
+
+// edit returns a copy of t whose shards in keys are private copies, for
+// the caller to change.
+func (t *table) edit(keys ...netip.AddrPort) *table {
+	n := &table{shards: t.shards}
+	copied := map[int]bool{}
+	for _, k := range keys {
+		i := shardOf(k)
+		if copied[i] {
+			continue
+		}
+		copied[i] = true
+		s := make(shard, len(t.shards[i])+1)
+		for k, v := range t.shards[i] {
+			s[k] = v
+		}
+		n.shards[i] = s
 	}
 	return n
 }
 
 // withKey returns a copy of t in which ep also receives at key.
 func (t *table) withKey(key netip.AddrPort, ep *Endpoint) *table {
-	n := t.clone()
-	v := n.byAddr[key]
-	n.byAddr[key] = append(v[:len(v):len(v)], ep)
-	return n
-}
-
-// withEndpoint returns a copy of t listing ep and receiving at key.
-func (t *table) withEndpoint(key netip.AddrPort, ep *Endpoint) *table {
-	return t.withKey(key, ep).withListed(ep)
-}
-
-// withListed returns a copy of t that lists ep (for its TX queue) without a
-// receive key.
-func (t *table) withListed(ep *Endpoint) *table {
-	n := t.clone()
-	n.all = append(n.all, ep)
+	n := t.edit(key)
+	s := n.shards[shardOf(key)]
+	v := s[key]
+	s[key] = append(v[:len(v):len(v)], ep)
 	return n
 }
 
 // withoutKey returns a copy of t in which ep no longer receives at key.
 func (t *table) withoutKey(key netip.AddrPort, ep *Endpoint) *table {
-	n := t.clone()
-	var kept []*Endpoint
-	for _, e := range n.byAddr[key] {
-		if e != ep {
-			kept = append(kept, e)
-		}
-	}
-	if len(kept) > 0 {
-		n.byAddr[key] = kept
-	} else {
-		delete(n.byAddr, key)
-	}
-	return n
+	return t.withoutEndpoints(map[*Endpoint]bool{ep: true}, key)
 }
 
-// withoutEndpoints returns a copy of t without the endpoints in gone.
-func (t *table) withoutEndpoints(gone map[*Endpoint]bool) *table {
-	n := &table{byAddr: make(map[netip.AddrPort][]*Endpoint, len(t.byAddr))}
-	for k, v := range t.byAddr {
+// withoutEndpoints returns a copy of t in which the endpoints in gone no
+// longer receive at any of keys.
+func (t *table) withoutEndpoints(gone map[*Endpoint]bool, keys ...netip.AddrPort) *table {
+	n := t.edit(keys...)
+	for _, key := range keys {
+		s := n.shards[shardOf(key)]
 		var kept []*Endpoint
-		for _, e := range v {
+		for _, e := range s[key] {
 			if !gone[e] {
 				kept = append(kept, e)
 			}
 		}
 		if len(kept) > 0 {
-			n.byAddr[k] = kept
-		}
-	}
-	for _, e := range t.all {
-		if !gone[e] {
-			n.all = append(n.all, e)
+			s[key] = kept
+		} else {
+			delete(s, key)
 		}
 	}
 	return n
@@ -87,7 +89,7 @@ func (t *table) withoutEndpoints(gone map[*Endpoint]bool) *table {
 // joined to) dst exactly, else those bound to the unspecified address of
 // dst's family.
 func (t *table) lookup(dst netip.AddrPort) []*Endpoint {
-	if eps, ok := t.byAddr[dst]; ok {
+	if eps, ok := t.get(dst); ok {
 		return eps
 	}
 	if dst.Addr().IsMulticast() {
@@ -98,5 +100,6 @@ func (t *table) lookup(dst netip.AddrPort) []*Endpoint {
 	if dst.Addr().Is6() {
 		any = netip.IPv6Unspecified()
 	}
-	return t.byAddr[netip.AddrPortFrom(any, dst.Port())]
+	eps, _ := t.get(netip.AddrPortFrom(any, dst.Port()))
+	return eps
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -19,6 +18,7 @@ import (
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/dgram"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/internal/shmsess"
 	"github.com/bypassd/bypassd/internal/sockq"
 )
 
@@ -39,6 +39,11 @@ type Client struct {
 	hello   ctlproto.HelloReply
 	policy  shmq.Policy
 	timeout time.Duration // RequestTimeout; shorter in tests
+	// cs is the session memory every socket's queues live in. It is
+	// unmapped when the Client is closed or dead and its last socket is
+	// torn down (csRefs counts the sockets, plus one for the live Client).
+	cs     *shmsess.ClientSession
+	csRefs int
 
 	mu      sync.Mutex
 	err     error // non-nil once closed (net.ErrClosed) or broken (*goneError)
@@ -122,7 +127,9 @@ func handshake(conn *ctlproto.Conn, path string, timeout time.Duration) (*Client
 		return fail(err)
 	}
 	h, body, fds, err := conn.Recv()
-	closeFDs(fds)
+	if err != nil || h.Status != 0 {
+		closeFDs(fds)
+	}
 	switch {
 	case errors.Is(err, ctlproto.ErrVersion):
 		return fail(versionError(path, h.Version))
@@ -140,11 +147,21 @@ func handshake(conn *ctlproto.Conn, path string, timeout time.Duration) (*Client
 		return fail(fmt.Errorf("bypassd at %s refused HELLO: %w", path, h.Status))
 	}
 	hr, ok := body.(*ctlproto.HelloReply)
-	if !ok {
-		return fail(fmt.Errorf("bypassd at %s answered HELLO with a %T body: %w", path, body, unix.EPROTO))
-	}
-	if hr.Version != ctlproto.Version {
+	if ok && hr.Version != ctlproto.Version {
+		closeFDs(fds)
 		return fail(versionError(path, hr.Version))
+	}
+	if !ok || hr.SessionSize == 0 {
+		closeFDs(fds)
+		return fail(fmt.Errorf("bypassd at %s answered HELLO with %T and no session memory: %w", path, body, unix.EPROTO))
+	}
+	cs, err := shmsess.OpenClientSession(int(hr.MaxSockets), int(hr.Lanes), hr.SessionSize, fds)
+	if err != nil {
+		return fail(fmt.Errorf("bypassd at %s: %w", path, err))
+	}
+	fail = func(err error) (*Client, error) {
+		_ = cs.Close()
+		return nil, fmt.Errorf("socket: %w", err)
 	}
 	if err := conn.SetReadDeadline(time.Time{}); err != nil {
 		return fail(err)
@@ -162,6 +179,8 @@ func handshake(conn *ctlproto.Conn, path string, timeout time.Duration) (*Client
 		hello:      *hr,
 		policy:     policy,
 		timeout:    timeout,
+		cs:         cs,
+		csRefs:     1,
 		pending:    make(map[uint32]chan reply),
 		socks:      make(map[clientSock]struct{}),
 		nextID:     helloID,
@@ -382,82 +401,48 @@ func (c *Client) open(network string, laddr, raddr netip.AddrPort, cfg ListenCon
 	return u, nil
 }
 
-// attach maps the memfd and wraps the eventfds of an OPEN reply; it owns
-// fds and closes every one it does not keep.
+// attach attaches the queues of an OPEN reply in the session memory.
 func (c *Client) attach(network string, v6 bool, id uint32, body ctlproto.Message, fds []int) (*UDPConn, error) {
+	closeFDs(fds) // an OPEN reply carries none (ctlproto refuses any)
 	or, ok := body.(*ctlproto.OpenReply)
-	if !ok || len(fds) != ctlproto.FDsOpen {
-		closeFDs(fds)
-		return nil, fmt.Errorf("bypassd answered OPEN with %T and %d file descriptors (want an OpenReply and %d): %w", body, len(fds), ctlproto.FDsOpen, unix.EPROTO)
+	if !ok {
+		return nil, fmt.Errorf("bypassd answered OPEN with %T (want an OpenReply): %w", body, unix.EPROTO)
 	}
 	u := &UDPConn{c: c, id: id, network: network, v6: v6}
-	mem, err := c.mapSocket(or, fds, &u.qwait)
-	if err != nil {
+	if err := c.attachQueues(or, &u.qwait); err != nil {
 		return nil, err
 	}
-	u.mem = mem
 	u.maxQueued = u.tx.MaxPayload() - dgram.HeaderLen
 	u.q = sockq.New(u.tx, u.rx, u.rxWait, u.txWait, u.doorbell, c.policy)
 	return u, nil
 }
 
-// mapSocket maps the memfd of an OPEN (or ACCEPT) reply, attaches the
-// queues and wraps the eventfds into q; it owns fds and closes every one
-// it does not keep.
-func (c *Client) mapSocket(or *ctlproto.OpenReply, fds []int, q *qwait) (_ []byte, err error) {
-	defer func() {
-		for _, fd := range fds {
-			if fd >= 0 {
-				_ = unix.Close(fd)
-			}
-		}
-	}()
-	if len(fds) != ctlproto.FDsOpen {
-		return nil, fmt.Errorf("bypassd sent %d file descriptors with a new socket (want %d): %w", len(fds), ctlproto.FDsOpen, unix.EPROTO)
+// attachQueues attaches the queues an OPEN (or ACCEPT) reply placed in the
+// session memory into q, taking a reference on the session memory that
+// q.release gives back.
+func (c *Client) attachQueues(or *ctlproto.OpenReply, q *qwait) error {
+	c.mu.Lock()
+	cs := c.cs
+	if c.csRefs == 0 {
+		cs = nil
+	} else {
+		c.csRefs++
 	}
-	if or.MemfdSize > math.MaxInt32 {
-		return nil, fmt.Errorf("bypassd offered a %d-byte memfd, more than any socket needs: %w", or.MemfdSize, unix.EPROTO)
+	c.mu.Unlock()
+	if cs == nil {
+		return c.deadOr(net.ErrClosed)
 	}
-	mem, err := shmq.MapMemfd(fds[ctlproto.FDMemfd], int(or.MemfdSize))
+	sq, err := cs.Socket(shmsess.QueueOffsets{Slot: int(or.Slot), Lane: int(or.Lane), TXOffset: or.TXOffset, RXOffset: or.RXOffset,
+		QueueBytes: int(or.QueueBytes)})
 	if err != nil {
-		return nil, fmt.Errorf("map the socket's shared memory: %w", err)
+		c.releaseSession()
+		return fmt.Errorf("bypassd described the socket's queues badly: %w", err)
 	}
-	defer func() {
-		if err != nil {
-			_ = shmq.Unmap(mem)
-		}
-	}()
-	qs := uint64(shmq.Size(int(or.QueueBytes)))
-	// ctlproto validated the layout already; checked again here because a
-	// mistake would otherwise be a panic while slicing.
-	if qs == 0 || or.TXOffset > uint64(len(mem)) || uint64(len(mem))-or.TXOffset < qs ||
-		or.RXOffset > uint64(len(mem)) || uint64(len(mem))-or.RXOffset < qs {
-		return nil, fmt.Errorf("bypassd described queues (%d bytes at %d and %d) outside its %d-byte memfd: %w",
-			qs, or.TXOffset, or.RXOffset, len(mem), unix.EPROTO)
-	}
-	tx, err := shmq.Attach(mem[or.TXOffset : or.TXOffset+qs])
-	if err != nil {
-		return nil, fmt.Errorf("attach the send queue: %w", err)
-	}
-	rx, err := shmq.Attach(mem[or.RXOffset : or.RXOffset+qs])
-	if err != nil {
-		return nil, fmt.Errorf("attach the receive queue: %w", err)
-	}
-	var w [3]*shmq.Waiter
-	for i, idx := range []int{ctlproto.FDRXWait, ctlproto.FDTXWait, ctlproto.FDDoorbell} {
-		fd := fds[idx]
-		fds[idx] = -1 // NewWaiterFD owns it from here, also on error
-		if w[i], err = shmq.NewWaiterFD(fd); err != nil {
-			for _, prev := range w[:i] {
-				_ = prev.Close()
-			}
-			return nil, fmt.Errorf("wrap the socket's eventfd: %w", err)
-		}
-	}
-	q.tx, q.rx = tx, rx
-	q.rxWait, q.txWait, q.doorbell = w[0], w[1], w[2]
+	q.client, q.slot = c, int(or.Slot)
+	q.tx, q.rx = sq.TX, sq.RX
+	q.rxWait, q.txWait, q.doorbell = sq.RXWait, sq.TXWait, sq.Announce
 	q.policy = c.policy
-	return mem, nil
+	return nil
 }
 
 // clientSock is a socket of the Client (UDPConn, TCPConn, TCPListener):
@@ -471,6 +456,26 @@ type clientSock interface {
 	closeLocal() bool
 	// goneErr is why the daemon dropped it, if it did.
 	goneErr() error
+}
+
+// releaseSession drops one reference to the session memory: a socket torn
+// down, or the Client itself closed or dead. The last one unmaps it.
+func (c *Client) releaseSession() {
+	c.mu.Lock()
+	c.csRefs--
+	last := c.csRefs == 0
+	c.mu.Unlock()
+	if last {
+		_ = c.cs.Close()
+	}
+}
+
+// deadOr returns the error the Client died with, or err.
+func (c *Client) deadOr(err error) error {
+	if d := c.deadErr(); d != nil {
+		return d
+	}
+	return err
 }
 
 // register adds u to the sockets the Client breaks or closes; a Client
@@ -744,7 +749,8 @@ func (c *Client) socketDead(id uint32, errno unix.Errno) {
 // every socket is broken (its pending and future calls fail too).
 func (c *Client) fail(reason error) {
 	c.mu.Lock()
-	if c.err == nil {
+	first := c.err == nil
+	if first {
 		c.err = reason
 	}
 	reason = c.err
@@ -757,6 +763,11 @@ func (c *Client) fail(reason error) {
 	c.mu.Unlock()
 	for _, ch := range pending {
 		ch <- reply{err: reason}
+	}
+	if first {
+		// A dead Client opens no more sockets: the session memory stays
+		// mapped only as long as its sockets do.
+		c.releaseSession()
 	}
 	if errors.Is(reason, ErrDaemonGone) {
 		for _, u := range socks {

@@ -83,27 +83,43 @@ func TestVersionMismatch(t *testing.T) {
 			if err != nil {
 				t.Errorf("raw daemon: %v", err)
 			}
-			b, err := ctlproto.Marshal(nil, ctlproto.ReplyHeader(h), ctlproto.HelloReply{Version: 1, DaemonPID: 1})
+			b, err := ctlproto.Marshal(nil, ctlproto.ReplyHeader(h), ctlproto.HelloReply{Version: 2, DaemonPID: 1})
 			if err != nil {
 				t.Error(err)
 			}
-			binary.LittleEndian.PutUint16(b[2:], 2)
+			binary.LittleEndian.PutUint16(b[2:], 3)
 			return b
 		})
 		_, err := Dial(path)
 		if err == nil {
-			t.Fatal("Dial succeeded against a version-2 daemon")
+			t.Fatal("Dial succeeded against a version-3 daemon")
 		}
 		msg := err.Error()
-		if !errors.Is(err, unix.EPROTONOSUPPORT) || !strings.Contains(msg, "version 2") || !strings.Contains(msg, "version 1") || !strings.Contains(msg, "upgrade this program") {
+		if !errors.Is(err, unix.EPROTONOSUPPORT) || !strings.Contains(msg, "version 3") || !strings.Contains(msg, "version 2") || !strings.Contains(msg, "upgrade this program") {
 			t.Errorf("error %q should name both versions and say to upgrade this program", msg)
+		}
+	})
+	t.Run("version 1 daemon", func(t *testing.T) {
+		// A version 1 daemon refuses our HELLO in a version 1 header.
+		path := rawDaemon(t, func(req []byte) []byte {
+			h, _, _ := ctlproto.Unmarshal(req)
+			b, err := ctlproto.Marshal(nil, ctlproto.ErrorReply(h, unix.EPROTONOSUPPORT), nil)
+			if err != nil {
+				t.Error(err)
+			}
+			binary.LittleEndian.PutUint16(b[2:], 1)
+			return b
+		})
+		_, err := Dial(path)
+		if err == nil || !errors.Is(err, unix.EPROTONOSUPPORT) || !strings.Contains(err.Error(), "version 1") || !strings.Contains(err.Error(), "upgrade bypassd") {
+			t.Errorf("error %v should name version 1 and say to upgrade bypassd", err)
 		}
 	})
 	t.Run("reply body version", func(t *testing.T) {
 		d := newFakeDaemon(t, func(d *fakeDaemon) { d.helloReply.Version = 3 })
 		_, err := Dial(d.path)
-		if err == nil || !strings.Contains(err.Error(), "version 3") || !strings.Contains(err.Error(), "version 1") {
-			t.Errorf("error %v should name versions 3 and 1", err)
+		if err == nil || !strings.Contains(err.Error(), "version 3") || !strings.Contains(err.Error(), "version 2") {
+			t.Errorf("error %v should name versions 3 and 2", err)
 		}
 	})
 	t.Run("daemon refuses", func(t *testing.T) {
@@ -116,8 +132,8 @@ func TestVersionMismatch(t *testing.T) {
 			return false
 		})
 		_, err := Dial(d.path)
-		if err == nil || !errors.Is(err, unix.EPROTONOSUPPORT) || !strings.Contains(err.Error(), "upgrade bypassd") || !strings.Contains(err.Error(), "version 1") {
-			t.Errorf("error %v should match EPROTONOSUPPORT, name version 1 and say to upgrade bypassd", err)
+		if err == nil || !errors.Is(err, unix.EPROTONOSUPPORT) || !strings.Contains(err.Error(), "upgrade bypassd") || !strings.Contains(err.Error(), "version 2") {
+			t.Errorf("error %v should match EPROTONOSUPPORT, name version 2 and say to upgrade bypassd", err)
 		}
 	})
 	t.Run("silent daemon", func(t *testing.T) {

@@ -18,11 +18,13 @@ import (
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/dgram"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/internal/shmsess"
 )
 
 // fakeDaemon speaks the control protocol over a real Unix socket like
-// bypassd does, and serves each socket's queues with a loopback "engine"
-// that turns every sent datagram into a received one from its destination.
+// bypassd does, with a session memory per session, and serves its sockets'
+// queues with a loopback "engine" per session that turns every sent
+// datagram into a received one from its destination.
 // It tests the client's protocol handling and data path without root or a
 // ring; the end-to-end tests use the real daemon.
 type fakeDaemon struct {
@@ -48,26 +50,37 @@ type fakeSession struct {
 	d    *fakeDaemon
 	conn *ctlproto.Conn
 
+	// The session memory (after HELLO): the memfd's mapping, the client
+	// eventfd and the lane's doorbell; done stops the engine.
+	memfd    int
+	mem      []byte
+	sess     *shmsess.Session
+	arena    *shmsess.Arena
+	wake     *shmq.Waiter
+	doorbell *shmq.Waiter
+	done     chan struct{}
+	stopOnce sync.Once
+
 	mu       sync.Mutex
 	socks    map[uint32]*fakeSock
+	bySlot   map[int]*fakeSock
 	nextSock uint32
 	nextPort uint16
 }
 
 type fakeSock struct {
-	id                       uint32
-	v6                       bool
-	tx, rx                   *shmq.Queue
-	mem                      []byte
-	rxWait, txWait, doorbell *shmq.Waiter
-	bound                    netip.AddrPort
-	peer                     atomic.Pointer[netip.AddrPort]
-	opts                     map[[2]int32][]byte
-	groups                   []ctlproto.Group
-	paused                   atomic.Bool
-	received                 atomic.Int64 // datagrams taken from TX
-	done                     chan struct{}
-	closeOnce                sync.Once
+	id       uint32
+	slot     int
+	off      int64
+	s        *fakeSession
+	v6       bool
+	tx, rx   *shmq.Queue
+	bound    netip.AddrPort
+	peer     atomic.Pointer[netip.AddrPort]
+	opts     map[[2]int32][]byte
+	groups   []ctlproto.Group
+	paused   atomic.Bool
+	received atomic.Int64 // datagrams taken from TX
 }
 
 // newFakeDaemon starts a fake daemon; configure runs before it accepts
@@ -118,7 +131,8 @@ func (d *fakeDaemon) acceptLoop() {
 		if err != nil {
 			return
 		}
-		s := &fakeSession{d: d, conn: conn, socks: map[uint32]*fakeSock{}, nextPort: 40000}
+		s := &fakeSession{d: d, conn: conn, socks: map[uint32]*fakeSock{}, bySlot: map[int]*fakeSock{}, nextPort: 40000,
+			memfd: -1, done: make(chan struct{})}
 		d.mu.Lock()
 		d.sessions = append(d.sessions, s)
 		d.mu.Unlock()
@@ -166,13 +180,7 @@ func (d *fakeDaemon) dial(t *testing.T) *Client {
 
 func (s *fakeSession) close() {
 	_ = s.conn.Close()
-	s.mu.Lock()
-	socks := s.socks
-	s.socks = map[uint32]*fakeSock{}
-	s.mu.Unlock()
-	for _, fs := range socks {
-		fs.close()
-	}
+	s.stopOnce.Do(func() { close(s.done) })
 }
 
 func (s *fakeSession) sock(id uint32) *fakeSock {
@@ -220,30 +228,33 @@ func (s *fakeSession) handle(h ctlproto.Header, m ctlproto.Message) {
 		if v := s.d.helloVersion; v != 0 {
 			r.Version = v
 		}
-		s.send(r, s.d.helloReply)
+		hr := s.d.helloReply
+		if hr.Version != ctlproto.Version || r.Version != ctlproto.Version {
+			s.send(r, hr)
+			return
+		}
+		fds, err := s.startSession(&hr)
+		if err != nil {
+			s.d.t.Errorf("fake daemon: session memory: %v", err)
+			s.fail(h, unix.ENOMEM)
+			return
+		}
+		s.send(r, hr, fds...)
 	case ctlproto.CodeOpen:
 		o := m.(*ctlproto.Open)
 		qb := o.QueueBytes
 		if qb == 0 {
 			qb = s.d.queueBytes
 		}
-		fs, fds, err := newFakeSock(qb, o.Family == ctlproto.FamilyInet6)
+		fs, err := s.newFakeSock(qb, o.Family == ctlproto.FamilyInet6)
 		if err != nil {
 			s.d.t.Errorf("fake daemon: open: %v", err)
 			s.fail(h, unix.ENOMEM)
 			return
 		}
-		s.mu.Lock()
-		s.nextSock++
-		fs.id = s.nextSock
-		s.socks[fs.id] = fs
-		s.mu.Unlock()
 		r.Socket = fs.id
-		qs := uint64(shmq.Size(int(qb)))
-		s.send(r, ctlproto.OpenReply{QueueBytes: qb, MemfdSize: 2 * qs, TXOffset: 0, RXOffset: qs}, fds...)
-		unix.Close(fds[0]) // the memfd; the waiters keep their own
-		s.d.wg.Add(1)
-		go fs.engine(&s.d.wg)
+		s.send(r, ctlproto.OpenReply{QueueBytes: qb, Slot: uint32(fs.slot), TXOffset: uint64(fs.off),
+			RXOffset: uint64(fs.off + shmsess.QueueSpan(int(qb)))})
 	case ctlproto.CodeBind:
 		fs := s.sock(h.Socket)
 		if fs == nil {
@@ -313,110 +324,196 @@ func (s *fakeSession) handle(h ctlproto.Header, m ctlproto.Message) {
 		s.mu.Lock()
 		fs := s.socks[h.Socket]
 		delete(s.socks, h.Socket)
+		if fs != nil {
+			delete(s.bySlot, fs.slot)
+			s.arena.Free(fs.slot, fs.off, shmsess.SocketSpan(fs.tx.Capacity()))
+		}
 		s.mu.Unlock()
 		if fs == nil {
 			s.fail(h, unix.EBADF)
 			return
 		}
-		fs.close()
 		s.send(r, ctlproto.Empty{})
 	default:
 		s.fail(h, unix.ENOSYS)
 	}
 }
 
-// newFakeSock creates the memfd with both queues and the three eventfds,
-// returning the fds to send in OPEN order.
-func newFakeSock(qb uint32, v6 bool) (*fakeSock, []int, error) {
-	qs := shmq.Size(int(qb))
-	memfd, mem, err := shmq.CreateMemfd("fake-sock", 2*qs)
+// startSession creates the session memory and starts the session's
+// engine; it fills in hr and returns the descriptors to send.
+func (s *fakeSession) startSession(hr *ctlproto.HelloReply) ([]int, error) {
+	l, err := shmsess.NewLayout(int(hr.MaxSockets), 1, 256<<20)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	tx, err := shmq.Init(mem[:qs], int(qb))
-	if err != nil {
-		return nil, nil, err
+	if s.memfd, s.mem, err = shmq.CreateMemfd("fake-session", int(l.Size)); err != nil {
+		return nil, err
 	}
-	rx, err := shmq.Init(mem[qs:], int(qb))
-	if err != nil {
-		return nil, nil, err
+	if s.sess, err = shmsess.Init(s.mem, l); err != nil {
+		return nil, err
 	}
-	fs := &fakeSock{v6: v6, tx: tx, rx: rx, mem: mem, opts: map[[2]int32][]byte{}, done: make(chan struct{})}
-	for _, w := range []**shmq.Waiter{&fs.rxWait, &fs.txWait, &fs.doorbell} {
-		if *w, err = shmq.NewWaiter(); err != nil {
-			return nil, nil, err
-		}
+	s.arena = shmsess.NewArena(l)
+	if s.wake, err = shmq.NewWaiter(); err != nil {
+		return nil, err
 	}
-	return fs, []int{memfd, fs.rxWait.FD(), fs.txWait.FD(), fs.doorbell.FD()}, nil
+	if s.doorbell, err = shmq.NewWaiter(); err != nil {
+		return nil, err
+	}
+	hr.Lanes, hr.SessionSize = 1, uint64(l.Size)
+	s.d.wg.Add(1)
+	go s.engine()
+	return []int{s.memfd, s.wake.FD(), s.doorbell.FD()}, nil
 }
 
-func (fs *fakeSock) close() {
-	fs.closeOnce.Do(func() {
-		close(fs.done)
-		_ = fs.doorbell.Close() // stops the engine, which releases the rest
-	})
+// newFakeSock carves a socket's queues out of the session memory.
+func (s *fakeSession) newFakeSock(qb uint32, v6 bool) (*fakeSock, error) {
+	if s.sess == nil {
+		return nil, errors.New("OPEN before a session memory")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	slot, off, ok := s.arena.Alloc(shmsess.SocketSpan(int(qb)))
+	if !ok {
+		return nil, errors.New("session memory full")
+	}
+	txm, _ := s.sess.Queue(uint64(off), int(qb))
+	rxm, _ := s.sess.Queue(uint64(off+shmsess.QueueSpan(int(qb))), int(qb))
+	tx, err := shmq.Init(txm, int(qb))
+	if err != nil {
+		return nil, err
+	}
+	tx.ArmReadWait() // the engine's side starts armed, as the daemon's does
+	rx, err := shmq.Init(rxm, int(qb))
+	if err != nil {
+		return nil, err
+	}
+	s.nextSock++
+	fs := &fakeSock{id: s.nextSock, slot: slot, off: off, s: s, v6: v6, tx: tx, rx: rx, opts: map[[2]int32][]byte{}}
+	s.socks[fs.id] = fs
+	s.bySlot[slot] = fs
+	return fs, nil
 }
 
-// engine is the loopback: each TX record comes back on RX as a datagram
-// from its destination (the connected peer for a zero destination).
-func (fs *fakeSock) engine(wg *sync.WaitGroup) {
-	defer wg.Done()
+// engine serves the session's sockets: the ones announced on lane 0 and
+// the ones it could not finish (paused, or still holding records).
+func (s *fakeSession) engine() {
+	defer s.d.wg.Done()
 	defer func() {
-		_ = fs.rxWait.Close()
-		_ = fs.txWait.Close()
-		_ = shmq.Unmap(fs.mem)
+		_ = s.doorbell.Close()
+		_ = s.wake.Close()
+		_ = shmq.Unmap(s.mem)
+		unix.Close(s.memfd)
 	}()
-	var h dgram.Header
+	ln := s.sess.Lane(0)
+	active := map[*fakeSock]bool{}
 	var scratch []byte // reused: the benchmarks count the shim's allocations only
 	for {
-		if fs.paused.Load() {
-			select {
-			case <-time.After(time.Millisecond):
-			case <-fs.done:
+		select {
+		case <-s.done:
+			return
+		default:
+		}
+		ln.Drain(func(slot int) {
+			s.mu.Lock()
+			fs := s.bySlot[slot]
+			s.mu.Unlock()
+			if fs != nil {
+				active[fs] = true
+			}
+		})
+		paused := false
+		for fs := range active {
+			s.mu.Lock()
+			live := s.socks[fs.id] == fs
+			s.mu.Unlock()
+			if !live {
+				delete(active, fs)
+				continue
+			}
+			if fs.paused.Load() {
+				paused = true
+				continue
+			}
+			if !fs.loopback(&scratch) {
 				return
 			}
-			continue
-		}
-		if err := (shmq.Policy{}).WaitReadable(fs.tx, fs.doorbell, time.Time{}); err != nil {
-			return
-		}
-		for !fs.paused.Load() {
-			rec, _, err := fs.tx.Peek()
-			if err != nil {
-				break
+			if !fs.tx.ArmReadWait() {
+				delete(active, fs)
 			}
-			payload, perr := dgram.Parse(rec, &h)
-			if perr == nil {
-				fs.received.Add(1)
-				if p := fs.peer.Load(); !h.Addr.IsValid() && p != nil {
-					h.Addr = *p
-				}
-				if cap(scratch) < dgram.HeaderLen+len(payload) {
-					scratch = make([]byte, dgram.HeaderLen+len(payload))
-				}
-				out := scratch[:dgram.HeaderLen+len(payload)]
-				dgram.Put(out, &h)
-				copy(out[dgram.HeaderLen:], payload)
-				// Unlike a ring (which drops), wait for room so that tests
-				// can count on every datagram.
-				for fs.rx.Push(dgram.TypeDatagram, out) != nil {
-					if fs.rx.Publish() {
-						_ = fs.rxWait.Wake()
-					}
-					if err := (shmq.Policy{}).WaitWritable(fs.rx, len(out), fs.doorbell, time.Time{}); err != nil {
-						return
-					}
-				}
+		}
+		switch {
+		case paused:
+			select {
+			case <-time.After(time.Millisecond):
+			case <-s.done:
+				return
 			}
-			fs.tx.Advance()
-		}
-		if fs.tx.Release() {
-			_ = fs.txWait.Wake()
-		}
-		if fs.rx.Publish() {
-			_ = fs.rxWait.Wake()
+		case len(active) > 0:
+		case ln.ArmSleep():
+			ln.DisarmSleep()
+		default:
+			// A bounded sleep, so that the end of the session (done) is
+			// seen without a doorbell.
+			err := s.doorbell.Wait(time.Now().Add(10 * time.Millisecond))
+			ln.DisarmSleep()
+			if err != nil && !errors.Is(err, shmq.ErrTimeout) {
+				return
+			}
 		}
 	}
+}
+
+// event wakes the client's waiters of fs.
+func (fs *fakeSock) event() {
+	if fs.s.sess.Event(fs.slot) {
+		_ = fs.s.wake.Wake()
+	}
+}
+
+// loopback turns each TX record into an RX datagram from its destination
+// (the connected peer for a zero destination). It returns false when the
+// session ends.
+func (fs *fakeSock) loopback(scratch *[]byte) bool {
+	var h dgram.Header
+	for !fs.paused.Load() {
+		rec, _, err := fs.tx.Peek()
+		if err != nil {
+			break
+		}
+		payload, perr := dgram.Parse(rec, &h)
+		if perr == nil {
+			fs.received.Add(1)
+			if p := fs.peer.Load(); !h.Addr.IsValid() && p != nil {
+				h.Addr = *p
+			}
+			if cap(*scratch) < dgram.HeaderLen+len(payload) {
+				*scratch = make([]byte, dgram.HeaderLen+len(payload))
+			}
+			out := (*scratch)[:dgram.HeaderLen+len(payload)]
+			dgram.Put(out, &h)
+			copy(out[dgram.HeaderLen:], payload)
+			// Unlike a ring (which drops), wait for room so that tests
+			// can count on every datagram.
+			for fs.rx.Push(dgram.TypeDatagram, out) != nil {
+				if fs.rx.Publish() {
+					fs.event()
+				}
+				select {
+				case <-time.After(100 * time.Microsecond):
+				case <-fs.s.done:
+					return false
+				}
+			}
+		}
+		fs.tx.Advance()
+	}
+	if fs.tx.Release() {
+		fs.event()
+	}
+	if fs.rx.Publish() {
+		fs.event()
+	}
+	return true
 }
 
 func (fs *fakeSock) pause() { fs.paused.Store(true) }
@@ -436,7 +533,7 @@ func (fs *fakeSock) inject(t *testing.T, src netip.AddrPort, payload []byte) {
 		t.Fatalf("inject: %v", err)
 	}
 	if fs.rx.Publish() {
-		_ = fs.rxWait.Wake()
+		fs.event()
 	}
 }
 

@@ -11,11 +11,17 @@ import (
 )
 
 // qwait is the user side of a socket's two queues as its waits see them:
-// the queues, the eventfds, the spin policy and the deadlines. UDPConn and
+// the queues in the session memory (where slot is the socket's bit), the
+// signals the session's dispatcher wakes, the announcer that tells the
+// daemon about TX work, the spin policy and the deadlines. UDPConn and
 // TCPConn embed it.
 type qwait struct {
-	tx, rx                   *shmq.Queue
-	rxWait, txWait, doorbell *shmq.Waiter
+	client         *Client
+	slot           int
+	released       bool // release gave up the session memory (under the socket's life lock)
+	tx, rx         *shmq.Queue
+	rxWait, txWait *shmq.Signal
+	doorbell       interface{ Wake() error }
 	// policy decides how long waits spin before sleeping (the Client's).
 	policy shmq.Policy
 	// Deadlines as UnixNano (0: none), read at every wait so that a change
@@ -23,6 +29,18 @@ type qwait struct {
 	// goroutines asleep on the waiter, which SetDeadline then wakes.
 	rdl, wdl       atomic.Int64
 	rsleep, wsleep atomic.Int32
+}
+
+// release stops the session's wake-ups of the socket and drops its
+// reference to the session memory (unmapped with the last one). The
+// caller holds the socket's life lock exclusively, so no call is in the
+// queues.
+func (u *qwait) release() {
+	if !u.released && u.client != nil {
+		u.released = true
+		u.client.cs.Forget(u.slot)
+		u.client.releaseSession()
+	}
 }
 
 // wait blocks until the RX queue has a record (write false) or the TX queue

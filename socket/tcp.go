@@ -54,7 +54,6 @@ type tcpSock struct {
 	id           uint32
 	network      string
 	v6           bool
-	mem          []byte
 	laddr, raddr netip.AddrPort
 	qwait
 	nonblock   atomic.Bool
@@ -88,11 +87,7 @@ func (t *tcpSock) closeLocal() bool {
 	_ = t.txWait.Close()
 	t.life.Lock()
 	defer t.life.Unlock()
-	if t.mem != nil {
-		_ = shmq.Unmap(t.mem)
-		t.mem = nil
-	}
-	_ = t.doorbell.Close()
+	t.release()
 	return true
 }
 
@@ -276,7 +271,8 @@ func (c *Client) openStream(t *tcpSock, network string, laddr, raddr netip.AddrP
 		return false, fmt.Errorf("bypassd answered OPEN with %T: %w", body, unix.EPROTO)
 	}
 	t.c, t.id, t.network, t.v6 = c, h.Socket, network, v6
-	if t.mem, err = c.mapSocket(or, fds, &t.qwait); err != nil {
+	closeFDs(fds) // an OPEN reply carries none (ctlproto refuses any)
+	if err = c.attachQueues(or, &t.qwait); err != nil {
 		c.discard(h.Socket)
 		return false, err
 	}
@@ -419,7 +415,8 @@ func (l *TCPListener) AcceptTCP() (*TCPConn, error) {
 			return nil, l.opErr("accept", fmt.Errorf("bypassd answered ACCEPT with %T: %w", body, unix.EPROTO))
 		}
 		conn := &TCPConn{tcpSock: tcpSock{c: l.c, id: h.Socket, network: l.network, v6: l.v6, laddr: ar.Local, raddr: ar.Peer}}
-		if conn.mem, err = l.c.mapSocket(&ar.OpenReply, fds, &conn.qwait); err != nil {
+		closeFDs(fds)
+		if err = l.c.attachQueues(&ar.OpenReply, &conn.qwait); err != nil {
 			l.c.discard(h.Socket)
 			return nil, l.opErr("accept", err)
 		}

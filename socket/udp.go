@@ -47,9 +47,8 @@ type UDPConn struct {
 	network string // as the caller spelled it, for errors ("udp", "udp4", "udp6")
 	v6      bool   // family AF_INET6
 
-	// The queues' memory and the user side over them (qwait: the queues,
-	// waiters, deadlines).
-	mem []byte
+	// The queues in the Client's session memory and the user side over
+	// them (qwait: the queues, wake-ups, deadlines).
 	qwait
 	q         *sockq.Conn
 	maxQueued int // largest payload the TX queue accepts
@@ -479,16 +478,13 @@ func (u *UDPConn) Close() error {
 }
 
 // teardown releases the process-local side once closed is set: it stops
-// pending calls, waits for them to leave the queues, then unmaps.
+// pending calls, waits for them to leave the queues, then lets go of the
+// session memory (unmapped with the last socket of a closed Client).
 func (u *UDPConn) teardown() {
 	u.q.Close()
 	u.life.Lock()
 	defer u.life.Unlock()
-	if u.mem != nil {
-		_ = shmq.Unmap(u.mem)
-		u.mem = nil
-	}
-	_ = u.doorbell.Close()
+	u.release()
 }
 
 func (u *UDPConn) sockID() uint32 { return u.id }

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/socket"
 	"github.com/bypassd/bypassd/stats"
@@ -142,7 +143,7 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("bypassd_client_rx_packets_total = %v, want 10", v)
 	}
 	for _, want := range []string{
-		`bypassd_build_info{goversion="go`, `protocol_version="1"`, fmt.Sprintf(`stats_version="%d"`, stats.Version),
+		`bypassd_build_info{goversion="go`, fmt.Sprintf(`protocol_version="%d"`, ctlproto.Version), fmt.Sprintf(`stats_version="%d"`, stats.Version),
 		`bypassd_client_sockets{command=`, `pid="` + pid + `"} 1`,
 		`bypassd_xdp_redirected_packets_total{interface="` + lab.A.Name + `"} 10`,
 		`bypassd_ring_rx_dropped_packets_total{interface="` + lab.A.Name + `",queue="0",reason="queue_full"} 0`,

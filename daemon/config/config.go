@@ -30,6 +30,7 @@ import (
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
+	"github.com/bypassd/bypassd/internal/shmsess"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/clock/tsconv"
 	"github.com/bypassd/bypassd/ring/sched/pacing"
@@ -38,13 +39,20 @@ import (
 
 // Defaults of Config fields left at their zero value.
 const (
-	DefaultSocketMode     os.FileMode = 0o660
-	DefaultRunDir                     = "/run/bypassd"
-	DefaultStatsDir                   = "/run/bypassd/stats"
-	DefaultQueueBytes                 = 1 << 20
-	DefaultMaxSockets                 = 1024
-	DefaultMaxQueueMemory int64       = 256 << 20
-	DefaultFrames                     = 4096
+	DefaultSocketMode os.FileMode = 0o660
+	DefaultRunDir                 = "/run/bypassd"
+	DefaultStatsDir               = "/run/bypassd/stats"
+	DefaultQueueBytes             = 1 << 20
+	// DefaultMaxSockets and DefaultMaxQueueMemory let one client hold
+	// 10,000 sockets with default queues. The queue memory is address
+	// space in the session's sparse memfd: pages are committed as queues
+	// fill, an idle socket commits 8 KiB.
+	DefaultMaxSockets           = 16384
+	DefaultMaxQueueMemory int64 = 32 << 30
+	// MaxQueueMemoryLimit bounds --max-queue-memory (the session memory's
+	// arena, see internal/shmsess).
+	MaxQueueMemoryLimit int64 = 1 << 46
+	DefaultFrames             = 4096
 	// DefaultMaxFlows holds 100,000 bound sockets with room to spare (the
 	// kernel preallocates about 100 bytes per entry: 26 MB).
 	DefaultMaxFlows = 262144
@@ -386,11 +394,14 @@ func (c Config) Resolve() (Resolved, error) {
 	if err := CheckQueueBytes(c.QueueBytes); err != nil {
 		return r, err
 	}
-	if c.MaxSockets < 1 {
-		return r, fmt.Errorf("max sockets %d: must be at least 1", c.MaxSockets)
+	if c.MaxSockets < 1 || c.MaxSockets > shmsess.MaxSlots {
+		return r, fmt.Errorf("max sockets %d: must be 1 to %d per client", c.MaxSockets, shmsess.MaxSlots)
 	}
-	if min := int64(SocketMemory(c.QueueBytes)); c.MaxQueueMemory < min {
+	if min := shmsess.SocketSpan(c.QueueBytes); c.MaxQueueMemory < min {
 		return r, fmt.Errorf("max queue memory %d bytes: too small for even one socket with %d-byte queues (needs %d)", c.MaxQueueMemory, c.QueueBytes, min)
+	}
+	if c.MaxQueueMemory > MaxQueueMemoryLimit {
+		return r, fmt.Errorf("max queue memory %d bytes: at most %d (64 TiB) of address space per client", c.MaxQueueMemory, MaxQueueMemoryLimit)
 	}
 	if c.MaxFlows < 1 || c.MaxFlows > MaxFlowsLimit {
 		return r, fmt.Errorf("max flows %d: must be 1 to %d", c.MaxFlows, MaxFlowsLimit)
@@ -510,12 +521,4 @@ func ParseCPUList(v string) ([]int, error) {
 		}
 	}
 	return cpus, nil
-}
-
-// SocketMemory is the memfd size of a socket with the given queue size:
-// both queues, rounded up to whole pages.
-func SocketMemory(queueBytes int) int {
-	page := os.Getpagesize()
-	n := 2 * shmq.Size(queueBytes)
-	return (n + page - 1) / page * page
 }

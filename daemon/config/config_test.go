@@ -51,8 +51,8 @@ func TestParseInterface(t *testing.T) {
 func TestConfigDefaults(t *testing.T) {
 	c := Config{Interfaces: []Interface{{Name: "eth1"}}}.WithDefaults()
 	if c.SocketPath != "/run/bypassd/bypassd.sock" || c.SocketMode != 0o660 || c.RunDir != "/run/bypassd" ||
-		c.StatsDir != "/run/bypassd/stats" || c.QueueBytes != 1<<20 || c.MaxSockets != 1024 ||
-		c.MaxQueueMemory != 256<<20 || c.Frames != 4096 {
+		c.StatsDir != "/run/bypassd/stats" || c.QueueBytes != 1<<20 || c.MaxSockets != 16384 ||
+		c.MaxQueueMemory != 32<<30 || c.Frames != 4096 {
 		t.Errorf("defaults: %+v", c)
 	}
 	r, err := Config{Interfaces: []Interface{{Name: "eth1"}}}.Resolve()
@@ -83,7 +83,9 @@ func TestConfigValidate(t *testing.T) {
 		{"queue small", func(c *Config) { c.QueueBytes = 1024 }, "power of two"},
 		{"queue odd", func(c *Config) { c.QueueBytes = 5000 }, "power of two"},
 		{"queue big", func(c *Config) { c.QueueBytes = 32 << 20 }, "16 MiB"},
-		{"max sockets", func(c *Config) { c.MaxSockets = -1 }, "at least 1"},
+		{"max sockets", func(c *Config) { c.MaxSockets = -1 }, "must be 1 to"},
+		{"too many sockets", func(c *Config) { c.MaxSockets = 1 << 20 }, "must be 1 to 262144"},
+		{"too much memory", func(c *Config) { c.MaxQueueMemory = 1 << 50 }, "64 TiB"},
 		{"memory", func(c *Config) { c.MaxQueueMemory = 4096 }, "too small"},
 		{"frames", func(c *Config) { c.Frames = 100 }, "power of two"},
 		{"xdp mode", func(c *Config) { c.XDPMode = bpf.AttachMode(7) }, "auto, native or generic"},

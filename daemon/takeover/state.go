@@ -8,10 +8,14 @@ import (
 // Version is the state document version this build writes. Version 2
 // hands the rings' AF_XDP sockets over (Ring.Path); a version 1 offerer
 // empties its XSKMAP slots instead and the taker opens sockets of its own.
-const Version = 2
+// Version 3: sessions carry their session memory and client eventfd
+// (control protocol version 2); earlier ones carried a memfd and two
+// eventfds per socket.
+const Version = 3
 
-// MinVersion is the oldest state document version this build reads.
-const MinVersion = 1
+// MinVersion is the oldest state document version this build reads (a
+// version 1 daemon's clients speak a protocol this build does not).
+const MinVersion = 3
 
 // NoFD marks a descriptor reference that is not in use.
 const NoFD = -1
@@ -107,10 +111,16 @@ type Session struct {
 	// Stats: the client has a stats file.
 	Stats  bool   `json:"stats"`
 	Opened uint64 `json:"opened"`
-	// Memfds are shared memory objects of the session as a whole (none
-	// yet: every socket has its own, see Socket.Memfd).
-	Memfds  []int    `json:"memfds,omitempty"`
-	Sockets []Socket `json:"sockets,omitempty"`
+	// Memory is the session memory's memfd (NoFD: a tool session
+	// without one), MemSize its size, MaxSlots and Lanes its layout's
+	// parameters (docs/shm-queue.md); ClientWake is the eventfd the
+	// client sleeps on.
+	Memory     int      `json:"memory"`
+	MemSize    int64    `json:"mem_size,omitempty"`
+	MaxSlots   int      `json:"max_slots,omitempty"`
+	Lanes      int      `json:"lanes,omitempty"`
+	ClientWake int      `json:"client_wake"`
+	Sockets    []Socket `json:"sockets,omitempty"`
 	// Retired is the summed counters of the session's closed sockets.
 	Retired map[string]uint64 `json:"retired,omitempty"`
 }
@@ -120,15 +130,11 @@ type Socket struct {
 	ID         uint32 `json:"id"`
 	Family     uint16 `json:"family"`
 	QueueBytes int    `json:"queue_bytes"`
-	// Memfd holds the socket's queues (Memfds index or a descriptor of
-	// its own), at TXOffset and RXOffset.
-	Memfd    int   `json:"memfd"`
-	MemSize  int64 `json:"mem_size"`
+	// Slot is the socket's bit in the session memory's bitmaps, TXOffset
+	// and RXOffset its queues there.
+	Slot     int   `json:"slot"`
 	TXOffset int64 `json:"tx_offset"`
 	RXOffset int64 `json:"rx_offset"`
-	// RXWait and TXWait are the eventfds the client sleeps on.
-	RXWait int `json:"rx_wait"`
-	TXWait int `json:"tx_wait"`
 	// Ring is the home ring's index in State.Rings.
 	Ring         int       `json:"ring"`
 	ReuseAddr    bool      `json:"reuse_addr,omitempty"`
@@ -248,14 +254,14 @@ func (s *State) checkRefs(n int) error {
 	}
 	for _, ss := range s.Sessions {
 		add(bad(fmt.Sprintf("session %d", ss.PID), ss.Conn, true))
-		for _, m := range ss.Memfds {
-			add(bad(fmt.Sprintf("session %d memfd", ss.PID), m, true))
+		mem := ss.Memory != NoFD
+		add(bad(fmt.Sprintf("session %d memory", ss.PID), ss.Memory, false))
+		add(bad(fmt.Sprintf("session %d client eventfd", ss.PID), ss.ClientWake, mem))
+		if !mem && len(ss.Sockets) > 0 {
+			add(fmt.Errorf("session %d: %d sockets and no session memory", ss.PID, len(ss.Sockets)))
 		}
 		for _, k := range ss.Sockets {
 			what := fmt.Sprintf("socket %d", k.ID)
-			add(bad(what+" memfd", k.Memfd, true))
-			add(bad(what+" rx eventfd", k.RXWait, true))
-			add(bad(what+" tx eventfd", k.TXWait, true))
 			if k.Ring < 0 || k.Ring >= len(s.Rings) {
 				add(fmt.Errorf("%s: ring %d of %d", what, k.Ring, len(s.Rings)))
 			}

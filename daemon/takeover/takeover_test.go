@@ -43,7 +43,8 @@ func openFDs(t *testing.T) int {
 	return len(ents)
 }
 
-// sampleState is a document naming n eventfds as socket wake-ups.
+// sampleState is a document of one session with n sockets (its memory
+// and wake-up are eventfds here: only descriptors matter).
 func sampleState(t *testing.T, nsock int) (*State, *Table) {
 	t.Helper()
 	var tab Table
@@ -57,9 +58,10 @@ func sampleState(t *testing.T, nsock int) (*State, *Table) {
 	}
 	s := &State{Version: Version, PID: 42, Listener: newFD(), Path: "/run/bypassd/bypassd.sock", Metrics: NoFD,
 		Rings: []Ring{{Interface: "eth0", Queue: 0, Doorbell: newFD(), Counters: map[string]uint64{"rx_packets": 7}}}}
-	sess := Session{Conn: newFD(), PID: 100, Program: "app", Hello: true, Stats: true}
+	sess := Session{Conn: newFD(), PID: 100, Program: "app", Hello: true, Stats: true,
+		Memory: newFD(), MemSize: 1 << 20, MaxSlots: 64, Lanes: 1, ClientWake: newFD()}
 	for i := range nsock {
-		k := Socket{ID: uint32(i + 1), Family: unix.AF_INET, QueueBytes: 4096, Memfd: newFD(), RXWait: newFD(), TXWait: newFD(),
+		k := Socket{ID: uint32(i + 1), Family: unix.AF_INET, QueueBytes: 4096, Slot: i, TXOffset: int64(16384 + 16384*i), RXOffset: int64(16384 + 16384*i + 8192),
 			Options: Options{TTL: 64, MulticastTTL: 1, MulticastLoop: true}, Rate: &Rate{Kbps: 1000}}
 		if i%2 == 0 {
 			k.Endpoint = &Endpoint{Local: "10.0.0.1:5000", Reservation: newFD(), Groups: []Group{{Group: "239.1.1.1"}}}
@@ -100,11 +102,12 @@ func TestOfferReceiveRoundTrip(t *testing.T) {
 		t.Fatalf("socket 11 came back as %+v", k)
 	}
 	// The received descriptor is the same eventfd as the sent one.
-	fd, err := files.Take(k.RXWait)
+	wake := back.Sessions[0].ClientWake
+	fd, err := files.Take(wake)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := unix.Write(tab.FDs()[k.RXWait], []byte{1, 0, 0, 0, 0, 0, 0, 0}); err != nil {
+	if _, err := unix.Write(tab.FDs()[wake], []byte{1, 0, 0, 0, 0, 0, 0, 0}); err != nil {
 		t.Fatal(err)
 	}
 	var b [8]byte
@@ -112,7 +115,7 @@ func TestOfferReceiveRoundTrip(t *testing.T) {
 		t.Fatalf("read the handed-over eventfd: %v %v", b, err)
 	}
 	unix.Close(fd)
-	if _, err := files.Take(k.RXWait); err == nil {
+	if _, err := files.Take(wake); err == nil {
 		t.Fatal("a descriptor was taken twice")
 	}
 	if n := files.Close(); n != len(tab.FDs())-1 {
@@ -180,9 +183,9 @@ func TestVersionMismatchRefused(t *testing.T) {
 func TestOffererGoneMidwayLeaksNothing(t *testing.T) {
 	before := openFDs(t)
 	off, take := pair(t)
-	st, tab := sampleState(t, 100)
+	st, tab := sampleState(t, 500) // more descriptors than one batch
 	doc, _ := st.Encode()
-	m := `{"version":1,"doc_bytes":` + strconv.Itoa(len(doc)) + `,"fds":` + strconv.Itoa(len(tab.FDs())) + `}`
+	m := `{"version":` + strconv.Itoa(Version) + `,"doc_bytes":` + strconv.Itoa(len(doc)) + `,"fds":` + strconv.Itoa(len(tab.FDs())) + `}`
 	// Half the descriptors, then the offerer dies.
 	if err := off.send(kindManifest, []byte(m), nil); err != nil {
 		t.Fatal(err)
@@ -215,7 +218,8 @@ func TestChoose(t *testing.T) {
 		min, max, want int
 		ok             bool
 	}{
-		{1, 1, 1, true},
+		{1, 1, 0, false},
+		{1, Version, Version, true},
 		{1, 5, Version, true},
 		{Version + 1, Version + 2, 0, false},
 		{0, 1, 0, false},
@@ -244,7 +248,7 @@ func TestDecodeChecksReferences(t *testing.T) {
 	}
 	// A field this version does not know is ignored (a newer writer's
 	// addition within the same version).
-	if _, err := Decode([]byte(`{"version":1,"listener":0,"metrics":-1,"future":{"x":1}}`), 1); err != nil {
+	if _, err := Decode([]byte(`{"version":`+strconv.Itoa(Version)+`,"listener":0,"metrics":-1,"future":{"x":1}}`), 1); err != nil {
 		t.Fatalf("unknown field: %v", err)
 	}
 }

@@ -15,7 +15,8 @@ import (
 const AdminTimeout = 5 * time.Second
 
 // Admin is a client session of a tool (bypass-stats, bypassctl): HELLO with
-// HelloFlagNoStats, then administrative requests one at a time.
+// HelloFlagNoStats and HelloFlagNoSockets, then administrative requests one
+// at a time.
 type Admin struct {
 	c     *Conn
 	reqID uint32
@@ -30,7 +31,7 @@ func DialAdmin(path, program string) (*Admin, error) {
 	}
 	a := &Admin{c: c}
 	hello := NewHello(program)
-	hello.Flags = HelloFlagNoStats
+	hello.Flags = HelloFlagNoStats | HelloFlagNoSockets
 	if _, _, err := a.Call(Header{Code: CodeHello}, hello); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("bypassd at %s: HELLO: %w", path, err)

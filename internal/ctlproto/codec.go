@@ -14,8 +14,9 @@ import (
 
 // Protocol constants.
 const (
-	// Version is the protocol version this package speaks.
-	Version = 1
+	// Version is the protocol version this package speaks: 2, the
+	// session-memory protocol (one memfd per session, see internal/shmsess).
+	Version = 2
 	// MaxMessage is the largest packet (header included) either side sends or accepts.
 	MaxMessage = 512
 	// HeaderLen is the size of the header that starts every packet.
@@ -33,19 +34,20 @@ const (
 	// MinQueueBytes and MaxQueueBytes bound OPEN's queue_bytes (a power of two; 0 = daemon default).
 	MinQueueBytes = 4 << 10
 	MaxQueueBytes = 16 << 20
-	// FDsOpen is the number of file descriptors a successful OPEN reply carries,
-	// in this order: FDMemfd, FDRXWait, FDTXWait, FDDoorbell.
-	FDsOpen = 4
+	// MaxLanes bounds HELLO's lanes (one doorbell descriptor each).
+	MaxLanes = 64
+	// MaxSlots bounds HELLO's max_sockets (the session memory's slots).
+	MaxSlots = 64 * 64 * 64
 	// maxErrno bounds Header.Status in replies (Linux's MAX_ERRNO).
 	maxErrno = 4095
 )
 
-// Indexes of the file descriptors of a successful OPEN reply.
+// Indexes of the file descriptors of a successful HELLO reply with session
+// memory: FDSession, FDClientWake, then lane i's doorbell at FDDoorbell+i.
 const (
-	FDMemfd    = 0 // sealed memfd holding the socket's TX and RX queues
-	FDRXWait   = 1 // eventfd the daemon writes when RX data is published
-	FDTXWait   = 2 // eventfd the daemon writes when TX room is released
-	FDDoorbell = 3 // eventfd the client writes to wake the ring engine
+	FDSession    = 0 // sealed session memfd
+	FDClientWake = 1 // eventfd the daemon writes when it sets events for a sleeping client
+	FDDoorbell   = 2 // lane 0's doorbell: the client writes it to wake a sleeping engine
 )
 
 // Socket families and types OPEN accepts (Linux numbers).
@@ -63,6 +65,10 @@ const BindReuseAddr = 1
 // (bypass-stats, bypassctl) that opens no sockets, so the daemon publishes
 // no stats file for it.
 const HelloFlagNoStats = 1
+
+// HelloFlagNoSockets is HELLO's flag bit 1: the client opens no sockets, so
+// the daemon creates no session memory (the reply has no descriptors).
+const HelloFlagNoSockets = 2
 
 // ZeroStatsAll is ZERO_STATS's pid asking to zero every stats file: the
 // daemon's and every client's.
@@ -103,17 +109,14 @@ const (
 	CodeTakeover Code = 13
 	// CodeSetQoS sets an interface's traffic-class state (bypassctl qos,
 	// mlnx_qos's settings); the daemon checks the caller's uid.
-	CodeSetQoS Code = 14
-	// CodeListen makes a bound stream socket listen; CodeAccept takes one
-	// of its connections as a new socket (its reply carries FDsOpen file
-	// descriptors, like OPEN's).
+	CodeSetQoS   Code = 14
 	CodeShutdown Code = 16
 	// CodeSocketError tells a client that one of its sockets is dead (its
 	// interface vanished); the daemon has released it already.
 	CodeSocketError Code = 17
 	// CodeListen makes a bound stream socket listen; CodeAccept takes one
-	// of its connections as a new socket (its reply carries FDsOpen file
-	// descriptors, like OPEN's). Stream socket codes start at 24.
+	// of its connections as a new socket (its reply, like OPEN's, carries
+	// no descriptors). Stream socket codes start at 24.
 	CodeListen Code = 24
 	CodeAccept Code = 25
 	ReplyBit   Code = 0x8000
@@ -199,18 +202,23 @@ type Message interface{ isMessage() }
 // Hello is the HELLO request body. Build it with NewHello.
 type Hello struct {
 	MinVersion, MaxVersion uint16
-	// Flags: HelloFlagNoStats or 0.
+	// Flags: HelloFlagNoStats, HelloFlagNoSockets or 0.
 	Flags uint32
 	Name  string // program name, informational; at most NameMax bytes, no NUL
 }
 
 // HelloReply is the HELLO reply body.
 type HelloReply struct {
-	Version           uint16 // the version the session speaks from now on
+	Version uint16 // the version the session speaks from now on
+	// Lanes is the number of lane doorbells (the daemon's rings); 0 with
+	// HelloFlagNoSockets.
+	Lanes             uint16
 	DaemonPID         uint32
-	MaxSockets        uint32
+	MaxSockets        uint32 // also the session memory's slots
 	DefaultQueueBytes uint32
 	RXPollMicros      int32 // -1 = spin forever, 0 = never spin
+	// SessionSize is the session memfd's size; 0 with HelloFlagNoSockets.
+	SessionSize uint64
 }
 
 // Open is the OPEN request body.
@@ -220,14 +228,15 @@ type Open struct {
 	QueueBytes uint32 // 0 = daemon default; else a power of two in [MinQueueBytes, MaxQueueBytes]
 }
 
-// OpenReply is the OPEN reply body; the packet also carries FDsOpen file
-// descriptors (FDMemfd, FDRXWait, FDTXWait, FDDoorbell) and Header.Socket is
-// the new socket's id. Each queue occupies shmq.Size(QueueBytes) bytes.
+// OpenReply is the OPEN reply body (no descriptors); Header.Socket is
+// the new socket's id.
 type OpenReply struct {
 	QueueBytes uint32
-	MemfdSize  uint64
-	TXOffset   uint64
-	RXOffset   uint64
+	// Slot is the socket's bit in the session's bitmaps, Lane the ring
+	// serving it.
+	Slot               uint32
+	TXOffset, RXOffset uint64 // queue offsets in the session memfd
+	Lane               uint16
 }
 
 // Bind is the BIND request body.
@@ -341,8 +350,8 @@ type AcceptReq struct {
 }
 
 // AcceptReply is the ACCEPT reply body: the new socket (Header.Socket is
-// its id) as OpenReply describes it, its peer and its local address. The
-// packet carries FDsOpen file descriptors, in OPEN's order.
+// its id) as OpenReply describes it, its peer and its local address. Like
+// OPEN's, it carries no file descriptors.
 type AcceptReply struct {
 	OpenReply
 	Peer, Local netip.AddrPort
@@ -401,7 +410,7 @@ func (Empty) isMessage()         {}
 // Body sizes in bytes.
 const (
 	lenHello        = 40
-	lenHelloReply   = 20
+	lenHelloReply   = 32
 	lenOpen         = 8
 	lenOpenReply    = 32
 	lenAddrPort     = 20 // addr[16] port u16 u16
@@ -438,16 +447,18 @@ func NewHello(name string) Hello {
 	return Hello{MinVersion: Version, MaxVersion: Version, Name: name}
 }
 
-// ExpectFDs returns how many file descriptors a packet with header h must
-// carry: FDsOpen for a successful OPEN reply, 1 for a successful QUERY
-// reply, 0 for everything else.
-func ExpectFDs(h Header) int {
+// ExpectFDs returns how many file descriptors a packet with header h and
+// body must carry: 2 + lanes for a successful HELLO reply with session
+// memory, 1 for a successful QUERY reply, 0 for everything else.
+func ExpectFDs(h Header, body Message) int {
 	if h.Status != 0 {
 		return 0
 	}
 	switch h.Code {
-	case CodeOpen | ReplyBit, CodeAccept | ReplyBit:
-		return FDsOpen
+	case CodeHello | ReplyBit:
+		if m, ok := as[HelloReply](body); ok && m.SessionSize != 0 {
+			return FDDoorbell + int(m.Lanes)
+		}
 	case CodeQuery | ReplyBit:
 		return 1
 	}
@@ -558,11 +569,13 @@ func appendBody(b []byte, h Header, body Message) ([]byte, error) {
 			return b, err
 		}
 		b = le.AppendUint16(b, m.Version)
-		b = le.AppendUint16(b, 0)
+		b = le.AppendUint16(b, m.Lanes)
 		b = le.AppendUint32(b, m.DaemonPID)
 		b = le.AppendUint32(b, m.MaxSockets)
 		b = le.AppendUint32(b, m.DefaultQueueBytes)
-		return le.AppendUint32(b, uint32(m.RXPollMicros)), nil
+		b = le.AppendUint32(b, uint32(m.RXPollMicros))
+		b = le.AppendUint32(b, 0)
+		return le.AppendUint64(b, m.SessionSize), nil
 	case CodeOpen:
 		m, ok := as[Open](body)
 		if !ok {
@@ -800,10 +813,12 @@ func appendOpenReply(b []byte, m OpenReply) ([]byte, error) {
 	}
 	le := binary.LittleEndian
 	b = le.AppendUint32(b, m.QueueBytes)
-	b = le.AppendUint32(b, 0)
-	b = le.AppendUint64(b, m.MemfdSize)
+	b = le.AppendUint32(b, m.Slot)
 	b = le.AppendUint64(b, m.TXOffset)
-	return le.AppendUint64(b, m.RXOffset), nil
+	b = le.AppendUint64(b, m.RXOffset)
+	b = le.AppendUint16(b, m.Lane)
+	b = le.AppendUint16(b, 0)
+	return le.AppendUint32(b, 0), nil
 }
 
 // appendAddr writes a 16-byte address: IPv6 as is, IPv4 v4-mapped. The zero
@@ -839,8 +854,8 @@ func appendAddrPort(b []byte, ap netip.AddrPort, flags uint16, zeroOK bool) ([]b
 }
 
 func checkHello(m Hello) error {
-	if m.Flags&^HelloFlagNoStats != 0 {
-		return fmt.Errorf("flags %#x (only bit 0 NO_STATS is defined)", m.Flags)
+	if m.Flags&^(HelloFlagNoStats|HelloFlagNoSockets) != 0 {
+		return fmt.Errorf("flags %#x (only bits 0 NO_STATS and 1 NO_SOCKETS are defined)", m.Flags)
 	}
 	if m.MinVersion == 0 || m.MinVersion > m.MaxVersion {
 		return fmt.Errorf("version range %d..%d is empty or starts at 0", m.MinVersion, m.MaxVersion)
@@ -912,6 +927,15 @@ func checkHelloReply(m HelloReply) error {
 	if m.RXPollMicros < -1 {
 		return fmt.Errorf("rx poll %d µs (must be >= -1)", m.RXPollMicros)
 	}
+	if m.Lanes > MaxLanes {
+		return fmt.Errorf("%d lanes (at most %d)", m.Lanes, MaxLanes)
+	}
+	if m.MaxSockets > MaxSlots {
+		return fmt.Errorf("max sockets %d (at most %d)", m.MaxSockets, MaxSlots)
+	}
+	if (m.Lanes == 0) != (m.SessionSize == 0) {
+		return fmt.Errorf("%d lanes with a session memory of %d bytes (both or neither must be 0)", m.Lanes, m.SessionSize)
+	}
 	return nil
 }
 
@@ -932,8 +956,8 @@ func checkOpen(m Open) error {
 	return nil
 }
 
-// checkOpenReply makes sure a client can map both queues from the reply
-// without further arithmetic checks: aligned, inside the memfd, disjoint.
+// checkOpenReply checks what it can without the session: aligned,
+// disjoint queues (the client checks them against its session's arena).
 func checkOpenReply(m OpenReply) error {
 	if !validQueueBytes(m.QueueBytes) {
 		return fmt.Errorf("queue size %d (want a power of two in %d..%d)", m.QueueBytes, MinQueueBytes, MaxQueueBytes)
@@ -943,9 +967,12 @@ func checkOpenReply(m OpenReply) error {
 		if off%8 != 0 {
 			return fmt.Errorf("queue offset %d is not 8-byte aligned", off)
 		}
-		if off > m.MemfdSize || m.MemfdSize-off < qs {
-			return fmt.Errorf("queue at offset %d (%d bytes) outside a memfd of %d bytes", off, qs, m.MemfdSize)
+		if off > 1<<62 {
+			return fmt.Errorf("queue offset %d beyond any session memory", off)
 		}
+	}
+	if m.Slot >= MaxSlots || m.Lane >= MaxLanes {
+		return fmt.Errorf("slot %d / lane %d out of range", m.Slot, m.Lane)
 	}
 	lo, hi := m.TXOffset, m.RXOffset
 	if lo > hi {

@@ -17,7 +17,7 @@ import (
 // valid message carries, so that a peer sending a few extra ones has them
 // received and closed here, and any more are discarded by the kernel
 // (MSG_CTRUNC) rather than left in flight.
-const maxRecvFDs = 2 * FDsOpen
+const maxRecvFDs = 2 * (FDDoorbell + MaxLanes)
 
 // dialTimeout bounds a connect to a daemon whose backlog is full.
 const dialTimeout = 5 * time.Second
@@ -196,7 +196,7 @@ func (c *Conn) Send(h Header, body Message, fds ...int) error {
 	if err != nil {
 		return err
 	}
-	if want := ExpectFDs(h); len(fds) != want {
+	if want := ExpectFDs(h, body); len(fds) != want {
 		return fmt.Errorf("ctlproto: send %v: %d file descriptors attached, the message carries %d", h.Code, len(fds), want)
 	}
 	var oob []byte
@@ -223,9 +223,9 @@ func (c *Conn) Send(h Header, body Message, fds ...int) error {
 
 // Recv reads one packet, blocking until one arrives, the read deadline
 // passes (os.ErrDeadlineExceeded) or the Conn is closed (net.ErrClosed). The
-// peer closing its end yields io.EOF. The returned fds (FDsOpen for a
-// successful OPEN reply, none otherwise) are owned by the caller and are
-// close-on-exec.
+// peer closing its end yields io.EOF. The returned fds (those of a
+// successful HELLO or QUERY reply, none otherwise) are owned by the caller
+// and are close-on-exec.
 //
 // A packet that is refused (see Unmarshal; also a packet larger than
 // MaxMessage, truncated ancillary data, or a wrong number of descriptors)
@@ -272,7 +272,7 @@ func (c *Conn) Recv() (Header, Message, []int, error) {
 	if err != nil {
 		return fail(h, err)
 	}
-	if want := ExpectFDs(h); len(fds) != want {
+	if want := ExpectFDs(h, m); len(fds) != want {
 		return fail(h, fmt.Errorf("%w: %v with %d file descriptors, want %d", ErrMalformed, h.Code, len(fds), want))
 	}
 	return h, m, fds, nil

@@ -105,8 +105,8 @@ func TestConnPassesFDs(t *testing.T) {
 		t.Cleanup(func() { w.Close() })
 		sent = append(sent, w.FD())
 	}
-	reply := OpenReply{QueueBytes: q, MemfdSize: uint64(size), TXOffset: 0, RXOffset: uint64(shmq.Size(q))}
-	h := Header{Code: CodeOpen | ReplyBit, ReqID: 9, Socket: 3}
+	reply := HelloReply{Version: Version, Lanes: 2, MaxSockets: 16, DefaultQueueBytes: q, SessionSize: uint64(size)}
+	h := Header{Code: CodeHello | ReplyBit, ReqID: 9}
 	if err := daemon.Send(h, reply, sent...); err != nil {
 		t.Fatal(err)
 	}
@@ -115,10 +115,10 @@ func TestConnPassesFDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { closeFDs(fds) })
-	if gh.ReqID != 9 || gh.Socket != 3 || *m.(*OpenReply) != reply {
+	if gh.ReqID != 9 || *m.(*HelloReply) != reply {
 		t.Fatalf("got %+v %+v", gh, m)
 	}
-	if len(fds) != FDsOpen {
+	if len(fds) != FDDoorbell+2 {
 		t.Fatalf("%d fds", len(fds))
 	}
 	for i := range fds {
@@ -131,7 +131,7 @@ func TestConnPassesFDs(t *testing.T) {
 		}
 	}
 	// The received memfd is usable as the spec says: sealed, mappable.
-	mem, err := shmq.MapMemfd(fds[FDMemfd], size)
+	mem, err := shmq.MapMemfd(fds[FDSession], size)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,9 +145,12 @@ func TestConnSendChecksFDCount(t *testing.T) {
 	if err := a.Send(Header{Code: CodeClose, Socket: 1}, nil, fd); err == nil {
 		t.Fatal("CLOSE with an fd accepted")
 	}
-	reply := OpenReply{QueueBytes: 4096, MemfdSize: 1 << 20, RXOffset: 8192}
-	if err := a.Send(Header{Code: CodeOpen | ReplyBit, Socket: 1}, reply, fd); err == nil {
-		t.Fatal("OPEN reply with one fd accepted")
+	reply := HelloReply{Version: Version, Lanes: 1, MaxSockets: 1, DefaultQueueBytes: 4096, SessionSize: 1 << 20}
+	if err := a.Send(Header{Code: CodeHello | ReplyBit}, reply, fd); err == nil {
+		t.Fatal("HELLO reply with one fd accepted")
+	}
+	if err := a.Send(Header{Code: CodeOpen | ReplyBit, Socket: 1}, OpenReply{QueueBytes: 4096, RXOffset: 8192}, fd); err == nil {
+		t.Fatal("OPEN reply with an fd accepted")
 	}
 	if err := a.Send(Header{Code: CodeBind, Socket: 1}, Bind{}); err == nil {
 		t.Fatal("invalid body accepted")
@@ -159,8 +162,8 @@ func TestConnRefusedPacketsCloseFDs(t *testing.T) {
 	raw, c := rawPair(t)
 	memfd, name := testMemfd(t)
 	closeMsg, _ := Marshal(nil, Header{Code: CodeClose, ReqID: 41, Socket: 1}, nil)
-	openReply, _ := Marshal(nil, Header{Code: CodeOpen | ReplyBit, ReqID: 42, Socket: 1},
-		OpenReply{QueueBytes: 4096, MemfdSize: 1 << 20, RXOffset: 8192})
+	helloReply, _ := Marshal(nil, Header{Code: CodeHello | ReplyBit, ReqID: 42},
+		HelloReply{Version: Version, Lanes: 1, MaxSockets: 1, DefaultQueueBytes: 4096, SessionSize: 1 << 20})
 	big := make([]byte, MaxMessage+100)
 	copy(big, closeMsg)
 	big[4] = 43
@@ -175,8 +178,8 @@ func TestConnRefusedPacketsCloseFDs(t *testing.T) {
 		reqID uint32
 	}{
 		{"fds on CLOSE", closeMsg, []int{memfd, memfd}, 41},
-		{"too few fds on OPEN reply", openReply, []int{memfd}, 42},
-		{"too many fds on OPEN reply", openReply, []int{memfd, memfd, memfd, memfd, memfd}, 42},
+		{"too few fds on HELLO reply", helloReply, []int{memfd}, 42},
+		{"too many fds on HELLO reply", helloReply, []int{memfd, memfd, memfd, memfd}, 42},
 		{"control truncated", closeMsg, many, 41},
 		{"truncated packet", big, []int{memfd}, 43},
 	}

@@ -69,7 +69,7 @@ func TestWriteFuzzCorpus(t *testing.T) {
 		seeds = append(seeds, b)
 	}
 	bad := valid(t, "open-reply")
-	bad[HeaderLen+4] = 1 // non-zero reserved
+	bad[HeaderLen+28] = 1 // non-zero reserved
 	seeds = append(seeds,
 		valid(t, "hello")[:HeaderLen-1],                     // short
 		append(valid(t, "close"), 0),                        // body on CLOSE

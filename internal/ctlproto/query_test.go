@@ -66,17 +66,21 @@ func TestReadDocumentRefuses(t *testing.T) {
 func TestExpectFDs(t *testing.T) {
 	cases := []struct {
 		h    Header
+		body Message
 		want int
 	}{
-		{Header{Code: CodeOpen | ReplyBit, Socket: 1}, FDsOpen},
-		{Header{Code: CodeOpen | ReplyBit, Status: unix.EMFILE}, 0},
-		{Header{Code: CodeQuery | ReplyBit}, 1},
-		{Header{Code: CodeQuery | ReplyBit, Status: unix.ENOENT}, 0},
-		{Header{Code: CodeQuery}, 0},
-		{Header{Code: CodeBind | ReplyBit}, 0},
+		{Header{Code: CodeHello | ReplyBit}, HelloReply{Version: 2, Lanes: 3, SessionSize: 1 << 20}, 5},
+		{Header{Code: CodeHello | ReplyBit}, &HelloReply{Version: 2, Lanes: 1, SessionSize: 1 << 20}, 3},
+		{Header{Code: CodeHello | ReplyBit}, HelloReply{Version: 2}, 0},
+		{Header{Code: CodeHello | ReplyBit, Status: unix.EPROTONOSUPPORT}, nil, 0},
+		{Header{Code: CodeOpen | ReplyBit, Socket: 1}, OpenReply{}, 0},
+		{Header{Code: CodeQuery | ReplyBit}, QueryReply{}, 1},
+		{Header{Code: CodeQuery | ReplyBit, Status: unix.ENOENT}, nil, 0},
+		{Header{Code: CodeQuery}, Query{}, 0},
+		{Header{Code: CodeBind | ReplyBit}, BindReply{}, 0},
 	}
 	for _, c := range cases {
-		if got := ExpectFDs(c.h); got != c.want {
+		if got := ExpectFDs(c.h, c.body); got != c.want {
 			t.Errorf("ExpectFDs(%v status %d) = %d, want %d", c.h.Code, c.h.Status, got, c.want)
 		}
 	}

@@ -125,15 +125,17 @@ func decodeBody(h Header, b []byte) (Message, error) {
 		m := &Hello{MinVersion: le.Uint16(b[0:]), MaxVersion: le.Uint16(b[2:]), Flags: le.Uint32(b[4:]), Name: string(name[:n])}
 		return m, checkHello(*m)
 	case CodeHello | ReplyBit:
-		if r := le.Uint16(b[2:]); r != 0 {
+		if r := le.Uint32(b[20:]); r != 0 {
 			return nil, fmt.Errorf("reserved field %#x (must be 0)", r)
 		}
 		m := &HelloReply{
 			Version:           le.Uint16(b[0:]),
+			Lanes:             le.Uint16(b[2:]),
 			DaemonPID:         le.Uint32(b[4:]),
 			MaxSockets:        le.Uint32(b[8:]),
 			DefaultQueueBytes: le.Uint32(b[12:]),
 			RXPollMicros:      int32(le.Uint32(b[16:])),
+			SessionSize:       le.Uint64(b[24:]),
 		}
 		return m, checkHelloReply(*m)
 	case CodeOpen:
@@ -260,10 +262,10 @@ func decodeBody(h Header, b []byte) (Message, error) {
 
 func decodeOpenReply(b []byte) (OpenReply, error) {
 	le := binary.LittleEndian
-	if r := le.Uint32(b[4:]); r != 0 {
+	if r := uint64(le.Uint16(b[26:])) | uint64(le.Uint32(b[28:])); r != 0 {
 		return OpenReply{}, fmt.Errorf("reserved field %#x (must be 0)", r)
 	}
-	m := OpenReply{QueueBytes: le.Uint32(b[0:]), MemfdSize: le.Uint64(b[8:]), TXOffset: le.Uint64(b[16:]), RXOffset: le.Uint64(b[24:])}
+	m := OpenReply{QueueBytes: le.Uint32(b[0:]), Slot: le.Uint32(b[4:]), TXOffset: le.Uint64(b[8:]), RXOffset: le.Uint64(b[16:]), Lane: le.Uint16(b[24:])}
 	return m, checkOpenReply(m)
 }
 

@@ -33,13 +33,22 @@ func PolicyFromMicros(us int) (Policy, error) {
 	return Policy{Spin: time.Duration(us) * time.Microsecond}, nil
 }
 
+// Sleeper is what a waiting side sleeps on: an eventfd (Waiter) or an
+// in-process Signal.
+type Sleeper interface {
+	// Wait sleeps until woken (possibly spuriously), the deadline (zero:
+	// none) passes (ErrTimeout) or the sleeper is closed (ErrClosed).
+	Wait(deadline time.Time) error
+	Closed() bool
+}
+
 // spinCheckEvery is how many queue checks run between clock reads and
 // yields: reading the clock on every check would dominate the loop.
 const spinCheckEvery = 64
 
 // spin polls ready until it returns true (nil), the spin budget is used
 // up (errSpinDone), the deadline passes or w is closed. w may be nil.
-func (p Policy) spin(ready func() bool, w *Waiter, deadline time.Time) error {
+func (p Policy) spin(ready func() bool, w Sleeper, deadline time.Time) error {
 	if p.Spin == 0 {
 		return errSpinDone
 	}
@@ -73,7 +82,7 @@ var errSpinDone = errors.New("spin budget used up")
 // when w is closed. w is the consumer's Waiter, the one the producer wakes
 // when Publish returns true; it may be nil only with SpinForever. Consumer
 // side.
-func (p Policy) WaitReadable(q *Queue, w *Waiter, deadline time.Time) error {
+func (p Policy) WaitReadable(q *Queue, w Sleeper, deadline time.Time) error {
 	if q.Readable() {
 		return nil
 	}
@@ -106,7 +115,7 @@ func (p Policy) WaitReadable(q *Queue, w *Waiter, deadline time.Time) error {
 // ErrTooBig at once if n can never fit. w is the producer's Waiter, the one
 // the consumer wakes when Release returns true; it may be nil only with
 // SpinForever. Producer side.
-func (p Policy) WaitWritable(q *Queue, n int, w *Waiter, deadline time.Time) error {
+func (p Policy) WaitWritable(q *Queue, n int, w Sleeper, deadline time.Time) error {
 	if n < 0 || n > q.maxPayload {
 		return ErrTooBig
 	}

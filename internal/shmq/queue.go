@@ -140,6 +140,44 @@ func Init(mem []byte, capacity int) (*Queue, error) {
 	return newQueue(mem, uint64(capacity), 0, 0), nil
 }
 
+// HeaderImage returns the 256-byte header of an empty queue of the given
+// capacity, as Init writes it, for a creator that writes it into shared
+// memory some other way (pwrite on the memfd, so that its own mapping
+// does not fault the page in). consumerWaiting presets the consumer's
+// waiting flag, so that the producer's first Publish reports a waiting
+// consumer (protocol version 2 arms TX queues this way).
+func HeaderImage(capacity int, consumerWaiting bool) ([]byte, error) {
+	if Size(capacity) == 0 {
+		return nil, fmt.Errorf("shmq: header: capacity %d is not a power of two in [%d, %d]", capacity, MinCapacity, MaxCapacity)
+	}
+	b := make([]byte, HeaderSize)
+	le := binary.LittleEndian
+	le.PutUint32(b[offMagic:], Magic)
+	le.PutUint32(b[offVersion:], Version)
+	le.PutUint64(b[offCapacity:], uint64(capacity))
+	le.PutUint32(b[offHeaderSize:], HeaderSize)
+	if consumerWaiting {
+		le.PutUint32(b[offConsWaiting:], 1)
+	}
+	return b, nil
+}
+
+// AttachFresh returns a view of a queue its caller just formatted (Init or
+// HeaderImage) without reading the memory, so that creating the view does
+// not fault its pages in: the indexes are taken to be 0, which the first
+// index load of the peer's side then validates as usual. mem must hold
+// Size(capacity) bytes, 8-byte aligned.
+func AttachFresh(mem []byte, capacity int) (*Queue, error) {
+	if err := checkMem(mem); err != nil {
+		return nil, fmt.Errorf("shmq: attach: %w", err)
+	}
+	size := Size(capacity)
+	if size == 0 || len(mem) < size {
+		return nil, fmt.Errorf("shmq: attach: %d bytes cannot hold a queue of capacity %d", len(mem), capacity)
+	}
+	return newQueue(mem[:size:size], uint64(capacity), 0, 0), nil
+}
+
 // Attach validates a queue formatted by Init (normally by the peer) and
 // returns this side's view. It checks magic, version, header size, the
 // capacity against len(mem) (mem must hold at least Size(capacity) bytes;

@@ -1,5 +1,11 @@
 package shmsess
 
+import (
+	"cmp"
+	"fmt"
+	"slices"
+)
+
 // Arena hands out slots and queue ranges of one session memory. It is the
 // daemon's private bookkeeping (nothing of it is in shared memory) and is
 // not safe for concurrent use: a session's goroutine owns it.
@@ -61,3 +67,44 @@ func (a *Arena) Free(slot int, off, span int64) {
 
 // Used returns the bytes of ranges handed out and not freed.
 func (a *Arena) Used() int64 { return a.used }
+
+// Range is one socket's slot and queue range in a session memory.
+type Range struct {
+	Slot      int
+	Off, Span int64
+}
+
+// RestoreArena rebuilds the allocator of a session memory another daemon
+// handed over from the ranges in use (live upgrade). Slots below the
+// highest live one are free again; the holes between live ranges become
+// free ranges of their own size. It refuses ranges that do not fit l or
+// that overlap.
+func RestoreArena(l Layout, live []Range) (*Arena, error) {
+	a := NewArena(l)
+	sorted := slices.Clone(live)
+	slices.SortFunc(sorted, func(x, y Range) int { return cmp.Compare(x.Off, y.Off) })
+	used := make([]bool, l.MaxSlots)
+	end := l.ArenaOffset
+	for _, r := range sorted {
+		if r.Slot < 0 || r.Slot >= l.MaxSlots || used[r.Slot] {
+			return nil, fmt.Errorf("slot %d: outside 0..%d or used twice", r.Slot, l.MaxSlots-1)
+		}
+		if r.Span <= 0 || r.Span%PageSize != 0 || r.Off < end || r.Off%PageSize != 0 || r.Off+r.Span > l.ArenaOffset+l.ArenaSize {
+			return nil, fmt.Errorf("slot %d: range %d+%d outside the arena or overlapping another", r.Slot, r.Off, r.Span)
+		}
+		used[r.Slot] = true
+		if r.Off > end {
+			a.free[r.Off-end] = append(a.free[r.Off-end], end)
+		}
+		end = r.Off + r.Span
+		a.used += r.Span
+		a.slotNext = max(a.slotNext, r.Slot+1)
+	}
+	a.next = end - l.ArenaOffset
+	for s := a.slotNext - 1; s >= 0; s-- {
+		if !used[s] {
+			a.slotFree = append(a.slotFree, s)
+		}
+	}
+	return a, nil
+}

@@ -235,6 +235,37 @@ func TestArena(t *testing.T) {
 	}
 }
 
+func TestRestoreArena(t *testing.T) {
+	l, _ := NewLayout(8, 1, 16*PageSize)
+	// Slots 1 and 4 live, with a two-page hole before the second range.
+	live := []Range{{Slot: 4, Off: l.ArenaOffset + 4*PageSize, Span: 2 * PageSize}, {Slot: 1, Off: l.ArenaOffset, Span: 2 * PageSize}}
+	a, err := RestoreArena(l, live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Used() != 4*PageSize {
+		t.Fatalf("used %d", a.Used())
+	}
+	s, off, ok := a.Alloc(2 * PageSize)
+	if !ok || s == 1 || s == 4 || off != l.ArenaOffset+2*PageSize {
+		t.Fatalf("first alloc %d@%d %v: want a free slot in the hole", s, off, ok)
+	}
+	s, off, ok = a.Alloc(2 * PageSize)
+	if !ok || s == 1 || s == 4 || off != l.ArenaOffset+6*PageSize {
+		t.Fatalf("second alloc %d@%d %v: want the bump pointer past the last live range", s, off, ok)
+	}
+	for _, bad := range [][]Range{
+		{{Slot: 1, Off: l.ArenaOffset, Span: 2 * PageSize}, {Slot: 1, Off: l.ArenaOffset + 2*PageSize, Span: 2 * PageSize}},
+		{{Slot: 1, Off: l.ArenaOffset, Span: 2 * PageSize}, {Slot: 2, Off: l.ArenaOffset + PageSize, Span: 2 * PageSize}},
+		{{Slot: 9, Off: l.ArenaOffset, Span: 2 * PageSize}},
+		{{Slot: 0, Off: l.ArenaOffset + 15*PageSize, Span: 2 * PageSize}},
+	} {
+		if _, err := RestoreArena(l, bad); err == nil {
+			t.Errorf("RestoreArena(%v) accepted", bad)
+		}
+	}
+}
+
 func mapAnon(t *testing.T, n int) []byte {
 	t.Helper()
 	m, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)

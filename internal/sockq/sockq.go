@@ -1,7 +1,8 @@
 // Package sockq is the user side of a socket's pair of shared-memory queues:
 // it turns send and receive calls into internal/dgram records on the TX and
 // RX queues (internal/shmq), waits for data or room with the spin-then-sleep
-// policy, and wakes the ring engine when it sleeps.
+// policy, and announces the socket to the ring engine when its TX queue
+// becomes non-empty.
 //
 // Both the ring's in-process endpoints and the client shim (package socket)
 // use it, so a datagram is queued the same way whether the application lives
@@ -26,15 +27,31 @@ import (
 	"github.com/bypassd/bypassd/internal/shmq"
 )
 
+// Waiter is what a blocked send or receive sleeps on: an eventfd
+// (shmq.Waiter) or an in-process shmq.Signal.
+type Waiter interface {
+	shmq.Sleeper
+	Close() error
+}
+
+// Announcer tells the engine that the TX queue went from empty to
+// non-empty while the engine was waiting for that (the publish reported a
+// waiting consumer): it sets the socket's announce bit and rings the
+// engine's doorbell if the engine sleeps.
+type Announcer interface {
+	Wake() error
+}
+
 // Conn is the user side of one socket's queues. Send and receive calls may
 // come from any goroutines; sends are serialized among themselves, and so are
 // receives.
 type Conn struct {
 	tx, rx *shmq.Queue
-	// rxWait is woken by the engine when it publishes into rx; txWait when
-	// it releases room in tx; doorbell wakes the engine.
-	rxWait, txWait, doorbell *shmq.Waiter
-	policy                   shmq.Policy
+	// rxWait is woken by the engine when it publishes into rx to a waiting
+	// reader; txWait when it releases room in tx to a waiting writer.
+	rxWait, txWait Waiter
+	announce       Announcer
+	policy         shmq.Policy
 
 	txMu, rxMu sync.Mutex
 	closed     atomic.Bool
@@ -45,8 +62,8 @@ type Conn struct {
 
 // New returns the user side over tx (which it produces into) and rx (which
 // it consumes from).
-func New(tx, rx *shmq.Queue, rxWait, txWait, doorbell *shmq.Waiter, policy shmq.Policy) *Conn {
-	return &Conn{tx: tx, rx: rx, rxWait: rxWait, txWait: txWait, doorbell: doorbell, policy: policy}
+func New(tx, rx *shmq.Queue, rxWait, txWait Waiter, announce Announcer, policy shmq.Policy) *Conn {
+	return &Conn{tx: tx, rx: rx, rxWait: rxWait, txWait: txWait, announce: announce, policy: policy}
 }
 
 // Message is one received datagram.
@@ -120,7 +137,7 @@ func (c *Conn) SendBatch(msgs [][]byte, dst netip.AddrPort, deadline time.Time) 
 
 func (c *Conn) publishTX() {
 	if c.tx.Publish() {
-		_ = c.doorbell.Wake()
+		_ = c.announce.Wake()
 	}
 }
 
@@ -156,9 +173,9 @@ func (c *Conn) RecvBatch(msgs []Message, deadline time.Time) (int, error) {
 			c.rx.Advance()
 		}
 		if n > 0 {
-			if c.rx.Release() {
-				_ = c.doorbell.Wake()
-			}
+			// The engine never waits for RX room (a full queue drops and
+			// counts), so a release has nobody to wake.
+			c.rx.Release()
 			return n, nil
 		}
 		if err := c.usable(); err != nil {

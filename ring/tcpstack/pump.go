@@ -27,8 +27,10 @@ type PumpConfig struct {
 	// TX and RX are the socket's queues: the pump consumes TX (stream
 	// records from the client) and produces RX (to the client).
 	TX, RX *shmq.Queue
-	// RXWait and TXWait wake the client: RX has records, TX has room.
-	RXWait, TXWait *shmq.Waiter
+	// RXWait and TXWait wake the client: RX has records, TX has room
+	// (the daemon gives the socket's event in the session memory for
+	// both).
+	RXWait, TXWait interface{ Wake() error }
 	// Bell wakes the pump: the client rings it after publishing TX or
 	// releasing RX room (it is the socket's doorbell), the stack's
 	// events too.

@@ -882,9 +882,17 @@ static ssize_t recv_one(struct bpd_sock *s, struct msghdr *m, int flags, int wai
 
 void bpd_sock_rx_release(struct bpd_sock *s)
 {
-	/* Version 2: the daemon never waits for RX room (no doorbell). */
-	if (bpq_release(&s->rx) && s->doorbell >= 0)
-		bpd_eventfd_wake(s->doorbell);
+	if (!bpq_release(&s->rx))
+		return;
+	/* The producer waits for room: a version 1 socket's doorbell, or, in
+	 * version 2, an announce on the lane, whose engine wakes the stream
+	 * socket's pump (a datagram socket's engine never waits for RX room). */
+	if (bpd_session_version(s->sess) == 1) {
+		if (s->doorbell >= 0)
+			bpd_eventfd_wake(s->doorbell);
+	} else if (s->type == SOCK_STREAM &&
+		   bps_announce(bpd_session_mem(s->sess), s->lane, s->slot))
+		bpd_eventfd_wake(bpd_session_doorbell(s->sess, s->lane));
 }
 
 int bpd_sock_rx_wait(struct bpd_sock *s, int64_t *spin_until, int64_t deadline)

@@ -1,0 +1,175 @@
+package ring
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/bypassd/bypassd/internal/shmsess"
+)
+
+// Lane is one client session's announce bitmap for this ring (its lane
+// block in the session memory) and the endpoints bound through it, by
+// slot. The engine drains the bitmaps of the ring's lanes on every
+// iteration and visits only the endpoints they name; before sleeping it
+// arms each lane's sleep flag, one word per session.
+type Lane struct {
+	r  *Ring
+	ln *shmsess.Lane
+	// chunks[slot/laneChunkSlots][slot%laneChunkSlots] is the endpoint
+	// bound with that slot; chunks are allocated on first use so that a
+	// session's table costs memory for the slots it uses.
+	chunks []atomic.Pointer[laneChunk]
+	// wakers are the slots announced for something other than an
+	// endpoint (a stream socket's pump, see SetWaker); nWakers says
+	// whether to look.
+	wakers  sync.Map // int -> Waker
+	nWakers atomic.Int64
+}
+
+const laneChunkSlots = 256
+
+type laneChunk [laneChunkSlots]atomic.Pointer[Endpoint]
+
+// AddLane registers a session's lane block with the ring for slots 0 ..
+// slots-1. Close it when the session ends (after its endpoints).
+func (r *Ring) AddLane(ln *shmsess.Lane, slots int) *Lane {
+	l := &Lane{r: r, ln: ln, chunks: make([]atomic.Pointer[laneChunk], (slots+laneChunkSlots-1)/laneChunkSlots)}
+	r.mu.Lock()
+	old := r.lanes.Load()
+	next := append(slices.Clone(*old), l)
+	r.lanes.Store(&next)
+	r.mu.Unlock()
+	// A sleeping engine armed the lanes it knew; make it arm this one.
+	_ = r.doorbell.Wake()
+	return l
+}
+
+// Close unregisters the lane; when it returns the engine no longer reads
+// its bitmap.
+func (l *Lane) Close() {
+	r := l.r
+	r.mu.Lock()
+	old := *r.lanes.Load()
+	next := slices.DeleteFunc(slices.Clone(old), func(x *Lane) bool { return x == l })
+	r.lanes.Store(&next)
+	r.mu.Unlock()
+	r.sync()
+}
+
+func (l *Lane) endpoint(slot int) *Endpoint {
+	i := slot / laneChunkSlots
+	if i >= len(l.chunks) {
+		return nil
+	}
+	c := l.chunks[i].Load()
+	if c == nil {
+		return nil
+	}
+	return c[slot%laneChunkSlots].Load()
+}
+
+// SetWaker makes an announcement of slot wake w (from the engine) instead
+// of visiting an endpoint: how a stream socket's client reaches the
+// socket's pump. Nil removes it.
+func (l *Lane) SetWaker(slot int, w Waker) {
+	if w == nil {
+		if _, ok := l.wakers.LoadAndDelete(slot); ok {
+			l.nWakers.Add(-1)
+		}
+		return
+	}
+	if _, loaded := l.wakers.Swap(slot, w); !loaded {
+		l.nWakers.Add(1)
+	}
+}
+
+// wake wakes slot's waker, if it has one.
+func (l *Lane) wake(slot int) {
+	if l.nWakers.Load() == 0 {
+		return
+	}
+	if w, ok := l.wakers.Load(slot); ok {
+		_ = w.(Waker).Wake()
+	}
+}
+
+func (l *Lane) valid(slot int) bool { return slot >= 0 && slot/laneChunkSlots < len(l.chunks) }
+
+// setEndpoint files ep (nil: none) under a valid slot. Holds the ring's mu
+// or is the retire path of the slot's own endpoint.
+func (l *Lane) setEndpoint(slot int, ep *Endpoint) {
+	i := slot / laneChunkSlots
+	c := l.chunks[i].Load()
+	if c == nil {
+		c = new(laneChunk)
+		l.chunks[i].Store(c)
+	}
+	c[slot%laneChunkSlots].Store(ep)
+}
+
+// inprocAnnouncer is the Announcer of an endpoint whose user is in this
+// process: it queues the endpoint for the engine's next iteration.
+type inprocAnnouncer struct{ ep *Endpoint }
+
+func (a inprocAnnouncer) Wake() error {
+	a.ep.r.announce(a.ep)
+	return nil
+}
+
+// announce queues ep for the engine and rings the doorbell if it sleeps.
+// It is lock-free (a push onto a stack the engine takes whole): a sender
+// preempted inside a lock would stall an engine running at real-time
+// priority on its CPU.
+func (r *Ring) announce(ep *Endpoint) {
+	if ep.announced.Swap(true) {
+		return // still queued: the engine will look at it
+	}
+	for {
+		old := r.inproc.Load()
+		ep.nextAnnounced.Store(old)
+		if r.inproc.CompareAndSwap(old, ep) {
+			break
+		}
+	}
+	// The CAS orders the push before the load (Dekker against the
+	// engine's sleeping swap followed by its load of inproc).
+	if r.sleeping.Load() {
+		_ = r.doorbell.Wake()
+	}
+}
+
+// sessionWaker wakes a client's socket through the session's events
+// bitmap, writing the client eventfd only if the client sleeps.
+type sessionWaker struct {
+	s      *shmsess.Session
+	slot   int
+	client Waker
+}
+
+// SessionWaker returns the Waker of the socket in slot of session s, whose
+// client sleeps on client.
+func SessionWaker(s *shmsess.Session, slot int, client Waker) Waker {
+	return sessionWaker{s: s, slot: slot, client: client}
+}
+
+func (w sessionWaker) Wake() error {
+	if w.s.Event(w.slot) {
+		return w.client.Wake()
+	}
+	return nil
+}
+
+// Waker wakes an endpoint's user (or its engine).
+type Waker interface{ Wake() error }
+
+// multiWaker wakes every waker in it (an in-process user's reader and
+// writer: the engine does not say which of them it means).
+type multiWaker []Waker
+
+func (m multiWaker) Wake() error {
+	for _, w := range m {
+		_ = w.Wake()
+	}
+	return nil
+}
