@@ -21,6 +21,7 @@ import (
 	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
+	"github.com/bypassd/bypassd/ring/route"
 	"github.com/bypassd/bypassd/ring/sched/pacing"
 	"github.com/bypassd/bypassd/ring/sched/qos"
 )
@@ -44,8 +45,8 @@ type Daemon struct {
 	limits ctldoc.Limits
 	locks  []*ifaceLock
 	ln     *ctlproto.Listener
-	// nl lists interface addresses in the daemon's network namespace (to
-	// learn which rings serve which address family).
+	// nl reads links and queues in the daemon's network namespace
+	// (devices, vanished interfaces).
 	nl   *netlink.Handle
 	nlMu sync.Mutex
 	// qosMu guards qosNow, each interface's traffic-class state (qos.go).
@@ -301,6 +302,12 @@ func (d *Daemon) logReady() {
 		zap.Int64("max_queue_memory", rc.MaxQueueMemory), zap.String("stats_dir", rc.StatsDir),
 		zap.Duration("stats_interval", rc.StatsInterval), zap.String("metrics", d.MetricsAddr()),
 		zap.Int("dev_mem_tx", rc.DevMemTX), zap.Int("dev_mem_max", rc.DevMemMax))
+	if err := route.ParkStatus(); err != nil {
+		// Then every bound socket costs a descriptor: RLIMIT_NOFILE
+		// bounds the sockets the daemon serves.
+		d.log.Warn("port reservations keep a descriptor each (io_uring file tables unavailable); raise RLIMIT_NOFILE for many bound sockets",
+			zap.Uint64("nofile_soft", d.limits.NofileSoft), zap.Error(err))
+	}
 }
 
 // SocketPath returns the control socket's path.

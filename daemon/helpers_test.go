@@ -446,6 +446,39 @@ func childMain(role string) int {
 		fmt.Println(got.Port())
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		return 0
+	case "echo-many":
+		// scaleSockets sockets with 4 KiB queues, all bound, each
+		// echoing the datagrams it receives. Prints the bound ports,
+		// then "ready", and holds until killed.
+		socks := make([]*clientSocket, 0, scaleSockets)
+		for i := 0; i < scaleSockets; i++ {
+			if i > 0 {
+				if s, err = c.open(unix.AF_INET, 4096); err != nil {
+					return fail("open %d: %v", i, err)
+				}
+			}
+			got, err := c.bind(s, netip.AddrPortFrom(addr, 0), false)
+			if err != nil {
+				return fail("bind %d: %v", i, err)
+			}
+			fmt.Println(got.Port())
+			socks = append(socks, s)
+		}
+		for _, s := range socks {
+			go func() {
+				msgs := []sockq.Message{{Buf: make([]byte, 2048)}}
+				for {
+					if n, err := s.conn.RecvBatch(msgs, time.Time{}); err != nil || n != 1 {
+						return
+					}
+					m := msgs[0]
+					_, _ = s.conn.SendBatch([][]byte{m.Buf[:m.N]}, m.Addr, time.Time{})
+				}
+			}()
+		}
+		fmt.Println("ready")
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		return 0
 	case "hold-many":
 		// manySockets bound sockets (the first one opened above), then
 		// hold them until killed.

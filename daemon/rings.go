@@ -4,28 +4,17 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
 // hasFamily reports whether ri's interface has an address of the family
-// (v4 or v6), read from the kernel now so address changes are seen.
+// (v4 or v6); the ring caches its addresses until they change.
 func (d *Daemon) hasFamily(ri *ringInfo, v4 bool) (bool, error) {
-	fam := netlink.FAMILY_V6
-	if v4 {
-		fam = netlink.FAMILY_V4
-	}
-	d.nlMu.Lock()
-	defer d.nlMu.Unlock()
-	link, err := d.nl.LinkByIndex(ri.ring().Ifindex())
+	ok, err := ri.ring().HasFamily(v4)
 	if err != nil {
 		return false, fmt.Errorf("interface %s: %w", ri.it.Name, err)
 	}
-	addrs, err := d.nl.AddrList(link, fam)
-	if err != nil {
-		return false, fmt.Errorf("interface %s: list addresses: %w", ri.it.Name, err)
-	}
-	return len(addrs) > 0, nil
+	return ok, nil
 }
 
 // homeRing is the ring whose doorbell a new socket of the family gets:

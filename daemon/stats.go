@@ -520,6 +520,7 @@ func (d *Daemon) ringBlocks() []stats.Ring {
 		c[stats.RingTXPackets] = rs.TXPackets.Load()
 		c[stats.RingTXBytes] = rs.TXBytes.Load()
 		c[stats.RingRXNoEndpoint] = rs.RXNoEndpoint.Load()
+		c[stats.RingFlowsFull] = rs.FlowsFull.Load()
 		c[stats.RingRXMalformed] = rs.RXMalformed.Load()
 		c[stats.RingRXChecksum] = rs.RXChecksum.Load()
 		c[stats.RingRXQueueFull] = rs.RXQueueFull.Load()

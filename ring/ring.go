@@ -29,6 +29,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -227,6 +228,8 @@ type Ring struct {
 	startedAt   time.Time
 	quiesced    *afxdp.Steering
 	quiescedEPs []*Endpoint
+	// addrs caches the interface's addresses (cachedAddrs).
+	addrs atomic.Pointer[addrCache]
 	// adoptedEps are the endpoints adopted since Open, until Activate
 	// (copy-on-write under mu): the engine reads their reservations'
 	// backlogs.
@@ -587,8 +590,42 @@ func (r *Ring) interfaceAddrs(v4 bool) ([]netip.Addr, error) {
 	return out, nil
 }
 
-// Owns reports whether the ring serves addr: one of its interface's
-// addresses, or of a VXLAN device over it (overlay.go).
+// addrCache is the interface's addresses as of a resolver generation.
+type addrCache struct {
+	gen    uint64
+	v4, v6 []netip.Addr
+}
+
+// cachedAddrs returns the interface's addresses of one family, asking the
+// kernel only when the resolver's generation moved (an address change
+// bumps it) or fresh is set: binds and opens at scale would otherwise make
+// two netlink round trips each.
+func (r *Ring) cachedAddrs(v4, fresh bool) ([]netip.Addr, error) {
+	g := r.res.Generation()
+	if c := r.addrs.Load(); c != nil && c.gen == g && !fresh {
+		if v4 {
+			return c.v4, nil
+		}
+		return c.v6, nil
+	}
+	a4, err := r.interfaceAddrs(true)
+	if err != nil {
+		return nil, err
+	}
+	a6, err := r.interfaceAddrs(false)
+	if err != nil {
+		return nil, err
+	}
+	r.addrs.Store(&addrCache{gen: g, v4: a4, v6: a6})
+	if v4 {
+		return a4, nil
+	}
+	return a6, nil
+}
+
+// Owns reports whether addr is one of the ring's interface's addresses.
+// A miss asks the kernel again: the notification of an address just added
+// may not have arrived yet.
 func (r *Ring) Owns(addr netip.Addr) (bool, error) {
 	if ok, err := r.ownsLocal(addr); ok || err != nil {
 		return ok, err
@@ -600,13 +637,25 @@ func (r *Ring) Owns(addr netip.Addr) (bool, error) {
 // ownsLocal reports whether addr is one of the interface's addresses.
 func (r *Ring) ownsLocal(addr netip.Addr) (bool, error) {
 	addr = addr.Unmap()
-	addrs, err := r.interfaceAddrs(addr.Is4())
-	if err != nil {
-		return false, err
-	}
-	for _, a := range addrs {
-		if a == addr {
+	for _, fresh := range []bool{false, true} {
+		addrs, err := r.cachedAddrs(addr.Is4(), fresh)
+		if err != nil {
+			return false, err
+		}
+		if slices.Contains(addrs, addr) {
 			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// HasFamily reports whether the interface has an address of the family
+// (cached like Owns).
+func (r *Ring) HasFamily(v4 bool) (bool, error) {
+	for _, fresh := range []bool{false, true} {
+		addrs, err := r.cachedAddrs(v4, fresh)
+		if err != nil || len(addrs) > 0 {
+			return len(addrs) > 0, err
 		}
 	}
 	return false, nil

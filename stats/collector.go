@@ -147,6 +147,7 @@ var ringSeries = []struct {
 	{RingTCPStackDropped, counter("tcp_stack_dropped_packets_total", "Packets the TCP stack's link dropped: outbound queue full, non-TCP, unparsable.", ringLabels...)},
 	{RingRXDecapsulated, counter("ring_vxlan_rx_decapsulated_packets_total", "VXLAN frames of overlay sockets the ring decapsulated.", ringLabels...)},
 	{RingTXEncapsulated, counter("ring_vxlan_tx_encapsulated_packets_total", "Datagrams of overlay sockets the ring sent encapsulated in VXLAN.", ringLabels...)},
+	{RingFlowsFull, counter("ring_flows_full_total", "Binds and joins refused because the interface's flow steering map was full (raise --max-flows).", ringLabels...)},
 }
 
 var (

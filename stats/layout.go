@@ -335,6 +335,7 @@ const (
 	RingTCPStackDropped                        // packets the TCP stack's link dropped: its queue full, or not IP/TCP
 	RingRXDecapsulated                         // VXLAN frames of overlay sockets decapsulated
 	RingTXEncapsulated                         // datagrams of overlay sockets sent encapsulated in VXLAN
+	RingFlowsFull                              // binds and joins refused because the interface's flow steering map was full (--max-flows)
 	NumRingCounters                            // number of ring counters in this version
 )
 
@@ -376,6 +377,7 @@ var ringCounterNames = [NumRingCounters]string{
 	"tcp_segments_received", "tcp_retransmits", "tcp_fast_retransmits", "tcp_timeouts", "tcp_invalid_segments",
 	"tcp_checksum_errors", "tcp_syn_cookies", "tcp_listen_overflows", "tcp_stack_dropped",
 	"rx_decapsulated", "tx_encapsulated",
+	"flows_full",
 }
 
 func (c RingCounter) String() string {

@@ -3,7 +3,6 @@ package route
 import (
 	"encoding/binary"
 	"fmt"
-	"net"
 	"net/netip"
 	"unsafe"
 
@@ -84,23 +83,15 @@ func (r *Reservation) membership(join bool, group, source netip.Addr, ifindex in
 			opt = unix.MCAST_JOIN_GROUP
 		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.f == nil {
-		return fmt.Errorf("route: %s reservation %v: %w", r.network, r.addr, net.ErrClosed)
-	}
-	rc, err := r.f.SyscallConn()
-	if err != nil {
-		return fmt.Errorf("route: %s reservation %v: %w", r.network, r.addr, err)
-	}
 	var serr error
-	if err := rc.Control(func(fd uintptr) {
-		_, _, e := unix.Syscall6(unix.SYS_SETSOCKOPT, fd, uintptr(level), uintptr(opt), uintptr(p), size, 0)
+	if err := r.withFD(func(fd int) error {
+		_, _, e := unix.Syscall6(unix.SYS_SETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt), uintptr(p), size, 0)
 		if e != 0 {
 			serr = e
 		}
+		return nil
 	}); err != nil {
-		return fmt.Errorf("route: %s reservation %v: %w", r.network, r.addr, err)
+		return err
 	}
 	if serr != nil {
 		verb := "leave"

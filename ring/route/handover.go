@@ -3,9 +3,7 @@ package route
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
-	"os"
 
 	"golang.org/x/sys/unix"
 )
@@ -33,23 +31,25 @@ func AdoptReservation(fd int) (*Reservation, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("route: adopt reservation %s: not a datagram socket", r.addr)
 	}
-	r.f = os.NewFile(uintptr(fd), "reserve "+r.network+" "+r.addr.String())
+	if r.s = newSock(fd, "reserve "+r.network+" "+r.addr.String()); !r.s.open() {
+		return nil, fmt.Errorf("route: adopt reservation %s: the socket could not be parked", r.addr)
+	}
 	return &r, nil
 }
 
 // Dup returns a duplicate of the reserving socket (the caller's to close),
 // to hand it over.
 func (r *Reservation) Dup() (int, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.f == nil {
-		return -1, fmt.Errorf("route: duplicate %s %s: %w", r.network, r.addr, net.ErrClosed)
-	}
-	fd, err := unix.FcntlInt(r.f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	dup := -1
+	err := r.withFD(func(fd int) error {
+		var err error
+		dup, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+		return err
+	})
 	if err != nil {
 		return -1, fmt.Errorf("route: duplicate %s %s: %w", r.network, r.addr, err)
 	}
-	return fd, nil
+	return dup, nil
 }
 
 // Hold makes the reserving socket keep up to bytes of datagrams (as root,
@@ -57,48 +57,47 @@ func (r *Reservation) Dup() (int, error) {
 // live upgrade), the kernel queues its traffic here for the next owner to
 // read (ReadBacklog) instead of dropping it.
 func (r *Reservation) Hold(bytes int) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.f == nil {
-		return net.ErrClosed
-	}
-	fd := int(r.f.Fd())
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, bytes); err != nil {
-		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, bytes); err != nil {
-			return fmt.Errorf("route: hold %d bytes on %s: %w", bytes, r.addr, err)
+	return r.withFD(func(fd int) error {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, bytes); err != nil {
+			if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, bytes); err != nil {
+				return fmt.Errorf("route: hold %d bytes on %s: %w", bytes, r.addr, err)
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // ReadBacklog reads one datagram the kernel queued on the reserving socket
 // into buf without waiting. ok is false when there is none.
 func (r *Reservation) ReadBacklog(buf []byte) (n int, src netip.AddrPort, ok bool, err error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.f == nil {
-		return 0, src, false, net.ErrClosed
+	err = r.withFD(func(fd int) error {
+		for {
+			var from unix.Sockaddr
+			var err error
+			n, _, _, from, err = unix.Recvmsg(fd, buf, nil, unix.MSG_DONTWAIT|unix.MSG_TRUNC)
+			switch {
+			case errors.Is(err, unix.EINTR):
+				continue
+			case errors.Is(err, unix.EAGAIN):
+				return nil
+			case err != nil:
+				return fmt.Errorf("route: read backlog of %s: %w", r.addr, err)
+			}
+			if n > len(buf) {
+				continue // larger than any frame the ring could carry: skip
+			}
+			switch a := from.(type) {
+			case *unix.SockaddrInet4:
+				src = netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
+			case *unix.SockaddrInet6:
+				src = netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(a.Port))
+			}
+			ok = true
+			return nil
+		}
+	})
+	if !ok {
+		n = 0
 	}
-	for {
-		var from unix.Sockaddr
-		n, _, _, from, err = unix.Recvmsg(int(r.f.Fd()), buf, nil, unix.MSG_DONTWAIT|unix.MSG_TRUNC)
-		switch {
-		case errors.Is(err, unix.EINTR):
-			continue
-		case errors.Is(err, unix.EAGAIN):
-			return 0, src, false, nil
-		case err != nil:
-			return 0, src, false, fmt.Errorf("route: read backlog of %s: %w", r.addr, err)
-		}
-		if n > len(buf) {
-			continue // larger than any frame the ring could carry: skip
-		}
-		switch a := from.(type) {
-		case *unix.SockaddrInet4:
-			src = netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
-		case *unix.SockaddrInet6:
-			src = netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(a.Port))
-		}
-		return n, src, true, nil
-	}
+	return n, src, ok, err
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"strconv"
 	"sync"
 
@@ -28,7 +27,7 @@ type Reservation struct {
 	addr    netip.AddrPort
 
 	mu sync.Mutex
-	f  *os.File // owns the socket; its finalizer closes a leaked one
+	s  sock
 }
 
 // ReserveOptions tune a reservation.
@@ -144,11 +143,11 @@ func ReservePort(ns netns.NsHandle, network string, addr netip.AddrPort, opts ..
 		}
 		return nil, fmt.Errorf("route: reserve %s %s: %w", network, addr, err)
 	}
-	return &Reservation{
-		network: network,
-		addr:    bound,
-		f:       os.NewFile(uintptr(fd), "reserve "+network+" "+bound.String()),
-	}, nil
+	r := &Reservation{network: network, addr: bound, s: newSock(fd, "reserve "+network+" "+bound.String())}
+	if !r.s.open() {
+		return nil, fmt.Errorf("route: reserve %s %s: the socket could not be parked", network, bound)
+	}
+	return r, nil
 }
 
 // sockaddr builds the bind address; a zone is resolved in the current
@@ -187,12 +186,10 @@ func (r *Reservation) Addr() netip.AddrPort { return r.addr }
 func (r *Reservation) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.f == nil {
+	if !r.s.open() {
 		return fmt.Errorf("route: release %s %s: %w", r.network, r.addr, net.ErrClosed)
 	}
-	err := r.f.Close()
-	r.f = nil
-	if err != nil {
+	if err := r.closeSock(); err != nil {
 		return fmt.Errorf("route: release %s %s: %w", r.network, r.addr, err)
 	}
 	return nil
