@@ -11,7 +11,7 @@ BIN      := bin
 APT_PKGS := iproute2 ethtool sockperf iputils-ping netcat-openbsd bpftool clang llvm libbpf-dev libibverbs-dev prometheus gcc libc6-dev make python3 podman buildah runc iperf3 curl
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all deps build build-verbs test test-chart helm-template bench soak demo generate check-generated lint fmt clean deb test-deb image
+.PHONY: all deps build build-verbs test test-chart helm-template bench scale soak demo generate check-generated lint fmt clean deb test-deb image
 
 all: build
 
@@ -31,7 +31,9 @@ build-verbs: deps
 	@mkdir -p $(BIN)/verbs
 	$(GO) build -tags verbs -o $(BIN)/verbs/ ./cmd/bypassd ./cmd/bypassctl
 
-# test: everything CI checks. Privileged tests need root; under
+# test: everything CI checks (TestSocketsAtScale, 20 processes with 1,000
+# sockets each, runs without the race detector: with it, over ten
+# minutes). Privileged tests need root; under
 # BYPASSD_REQUIRE_PRIV=1 a missing privilege fails instead of skipping.
 # The verbs build (-tags verbs) runs its device-free tests and the provider
 # selection tests; its hardware tests skip without a ConnectX port
@@ -39,6 +41,7 @@ build-verbs: deps
 # BYPASSD_REQUIRE_PRIV says, since no CI machine has one.
 test: deps lint check-generated
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	$(GO) test -count=1 -timeout 10m -run '^TestSocketsAtScale$$' ./daemon/
 	$(GO) test -tags verbs -race -count=1 ./ring/provider/verbs/...
 	$(GO) test -tags verbs -race -count=1 -run 'Verbs|Provider' ./ring/ ./daemon/ ./daemon/config/
 	$(MAKE) -s test-chart
@@ -68,6 +71,14 @@ helm-template:
 
 bench: deps build
 	scripts/bench.sh
+
+# scale: what idle sockets cost the daemon and a busy socket (minutes; not
+# part of bench or test): 0, 1,000, 10,000 and 100,000 idle bound sockets
+# (POINTS="0 1000 10000" for a shorter run), then the 100,000-socket echo
+# test (100 client processes).
+scale: deps build
+	scripts/bench-scale.sh
+	BYPASSD_REQUIRE_PRIV=1 BYPASSD_SCALE_CLIENTS=100 $(GO) test -count=1 -timeout 30m -run '^TestSocketsAtScale$$' -v ./daemon/
 
 # soak: the chaos soak (TestSoak in cmd/bypassd): upgrades in place,
 # daemon crashes, client kills and link flaps under traffic for

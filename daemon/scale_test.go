@@ -90,8 +90,12 @@ func pingPong(t *testing.T, r *ring.Ring, s *clientSocket, peer *net.UDPConn, n 
 // killed client's 1,000 sockets are all released (flows, XDP map entries,
 // endpoints, session memory).
 //
+// make test runs it without the race detector (which skips it);
 // make scale runs it with BYPASSD_SCALE_CLIENTS=100 (100,000 sockets).
 func TestSocketsAtScale(t *testing.T) {
+	if raceEnabled {
+		t.Skip("20,000 sockets under the race detector take over ten minutes: make test runs this test in a build without it")
+	}
 	clients := 20
 	if v := os.Getenv("BYPASSD_SCALE_CLIENTS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -216,8 +220,13 @@ func TestSocketsAtScale(t *testing.T) {
 	}
 	_ = children[0].cmd.Wait()
 	killed := time.Now()
-	for len(l.flows(t)) > flows-scaleSockets && time.Since(killed) < 20*time.Second {
-		time.Sleep(10 * time.Millisecond)
+	// Complete, not fast, on a loaded machine: each endpoint's flow goes
+	// from the XDP map and the standby TAP path's tc filters (a netlink
+	// round trip each). Listing 20,000 flows is not cheap either: look
+	// every 100 ms.
+	const releaseWithin = 60 * time.Second
+	for len(l.flows(t)) > flows-scaleSockets && time.Since(killed) < releaseWithin {
+		time.Sleep(100 * time.Millisecond)
 	}
 	if n := len(l.flows(t)); n != flows-scaleSockets {
 		t.Fatalf("%d flows after killing a client with %d bound sockets, want %d", n, scaleSockets, flows-scaleSockets)
@@ -226,13 +235,13 @@ func TestSocketsAtScale(t *testing.T) {
 	if err != nil || len(all) != flows-scaleSockets {
 		t.Fatalf("XDP flow map after kill -9: %d entries, %v; want %d", len(all), err, flows-scaleSockets)
 	}
-	for r.Endpoints() > eps-scaleSockets && time.Since(killed) < 20*time.Second {
+	for r.Endpoints() > eps-scaleSockets && time.Since(killed) < releaseWithin {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if n := r.Endpoints(); n != eps-scaleSockets {
 		t.Fatalf("%d endpoints after kill -9, want %d", n, eps-scaleSockets)
 	}
-	for sessionMappings(t) > maps-1 && time.Since(killed) < 20*time.Second {
+	for sessionMappings(t) > maps-1 && time.Since(killed) < releaseWithin {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if n := sessionMappings(t); n != maps-1 {

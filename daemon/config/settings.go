@@ -115,8 +115,8 @@ var settings = []setting{
 	{name: "max-sockets", arg: "N", def: strconv.Itoa(DefaultMaxSockets),
 		usage: "most sockets one client connection may open",
 		apply: func(o *Options, v string) (err error) { o.Config.MaxSockets, err = parseCount(v); return err }},
-	{name: "max-queue-memory", arg: "SIZE", def: "256M",
-		usage: "most queue memory one client connection may use",
+	{name: "max-queue-memory", arg: "SIZE", def: "32G",
+		usage: "queue memory (address space of its session memfd) one client connection may use",
 		apply: func(o *Options, v string) error {
 			n, err := parseSize(v)
 			o.Config.MaxQueueMemory = n
