@@ -26,7 +26,6 @@ import (
 	"github.com/bypassd/bypassd/ring/qp"
 	"github.com/bypassd/bypassd/ring/route"
 	"github.com/bypassd/bypassd/ring/tcpstack"
-	"github.com/bypassd/bypassd/tap"
 )
 
 // tcpState is the ring's TCP state.
@@ -253,18 +252,14 @@ func (r *Ring) unsteerTCP(flows []qp.Flow) {
 	r.delFlowsLocked(flows)
 }
 
-// carries reports whether steering s can carry flow f: the TAP path's tc
-// filters match UDP only, so TCP flows stay on the fast path.
+// carries reports whether steering s can carry flow f: only the XDP
+// program looks into VXLAN datagrams; on the TAP path an overlay's traffic
+// stays with the kernel's device. UDP and TCP flows go to every path (the
+// TAP's tc filters match both).
 func carries(s qp.Steering, f qp.Flow) bool {
 	if f.VNI != 0 {
-		// Only the XDP program looks into VXLAN datagrams; on the TAP
-		// path the overlay's traffic stays with the kernel's device.
 		_, isXDP := s.(*afxdp.Steering)
 		return isXDP
-	}
-	if f.Proto == unix.IPPROTO_TCP {
-		_, isTAP := s.(*tap.Steering)
-		return !isTAP
 	}
 	return true
 }

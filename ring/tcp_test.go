@@ -2,9 +2,12 @@ package ring_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -45,11 +48,27 @@ func checkAnswer(t *testing.T, sent, got, reply []byte) {
 
 // TestTCPWithKernelPeer runs a connection each way between the ring's TCP
 // stack and kernel TCP in the peer namespace, IPv4 and IPv6, with data in
-// both directions and an orderly close; the ring's counters carry it and
-// the kernel on the ring's side opened no connection.
+// both directions and an orderly close, on the fast path and on the TAP
+// path; the ring's counters carry it and the kernel on the ring's side
+// opened no connection.
 func TestTCPWithKernelPeer(t *testing.T) {
 	netlab.RequirePriv(t)
-	l := newLab(t, ring.Config{})
+	for _, c := range []struct {
+		name string
+		cfg  ring.Config
+	}{{"afxdp", ring.Config{}}, {"tap", ring.Config{Fallback: ring.FallbackTAP}}} {
+		t.Run(c.name, func(t *testing.T) {
+			l := newLab(t, c.cfg)
+			tap0 := l.r.FallbackStats().RXPackets
+			tcpWithKernelPeer(t, l)
+			if c.cfg.Fallback == ring.FallbackTAP && l.r.FallbackStats().RXPackets-tap0 < 1000 {
+				t.Errorf("the TAP received %d frames, fewer than the TCP data needs", l.r.FallbackStats().RXPackets-tap0)
+			}
+		})
+	}
+}
+
+func tcpWithKernelPeer(t *testing.T, l *lab) {
 	p := l.p
 	for _, v6 := range []bool{false, true} {
 		aAddr, bAddr := p.A.Addr4(), p.B.Addr4()
@@ -121,4 +140,72 @@ func TestTCPWithKernelPeer(t *testing.T) {
 			t.Errorf("v6=%v: the kernel of the ring's namespace opened %d TCP connections", v6, n)
 		}
 	}
+}
+
+// TestTCPPlugOut: a connection in the middle of a transfer survives the
+// loss of the fast path (the XDP link detached, as a VF unplug takes it):
+// its frames move to the TAP path and the transfer completes byte-exact
+// both ways.
+func TestTCPPlugOut(t *testing.T) {
+	netlab.RequirePriv(t)
+	if _, err := exec.LookPath("bpftool"); err != nil {
+		if os.Getenv("BYPASSD_REQUIRE_PRIV") == "1" {
+			t.Fatal("bpftool is needed to detach the XDP link (apt-get install bpftool)")
+		}
+		t.Skip("bpftool is needed to detach the XDP link")
+	}
+	l := newLab(t, ring.Config{Fallback: ring.FallbackAuto})
+	kl := l.p.B.NS.ListenTCP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	reply := payload(3, 2<<20)
+	errc := make(chan error, 1)
+	go func() {
+		c, err := kl.Accept()
+		if err == nil {
+			err = netlab.HashPeer(c, reply, 60*time.Second)
+		}
+		errc <- err
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := l.r.DialTCP(ctx, netip.AddrPort{}, kl.Addr().(*net.TCPAddr).AddrPort())
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer c.Close()
+	nc := c.NetConn()
+	_ = nc.SetDeadline(time.Now().Add(60 * time.Second))
+	sent := payload(4, 4<<20)
+	half := len(sent) / 2
+	if _, err := nc.Write(sent[:half]); err != nil {
+		t.Fatalf("write before the plug-out: %v", err)
+	}
+	fb0, rx0 := l.r.FallbackStats(), l.r.Stats().TCPRXPackets.Load()
+	id, err := l.r.Program().LinkID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.CommandContext(ctx, "bpftool", "link", "detach", "id", fmt.Sprint(id)).CombinedOutput(); err != nil {
+		t.Fatalf("bpftool link detach id %d: %v: %s", id, err, out)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !l.r.FallbackStats().OnTAP {
+		if time.Now().After(deadline) {
+			t.Fatalf("no switch to the TAP path within 10 s: %+v", l.r.FallbackStats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	got := exchange(t, nc, sent[half:])
+	if err := <-errc; err != nil {
+		t.Fatalf("kernel server: %v", err)
+	}
+	checkAnswer(t, sent, got, reply)
+	fb := l.r.FallbackStats()
+	if fb.Plugouts != fb0.Plugouts+1 || !fb.OnTAP {
+		t.Errorf("fallback: %+v, want one plug-out and the TAP path", fb)
+	}
+	// The reply (2 MiB) came in through the TAP, to the same stack.
+	if tapRX, tcpRX := fb.RXPackets-fb0.RXPackets, l.r.Stats().TCPRXPackets.Load()-rx0; tapRX < uint64(len(reply)/1500) || tcpRX < uint64(len(reply)/1500) {
+		t.Errorf("after the plug-out: %d frames from the TAP, %d TCP frames to the stack; the reply needs %d", tapRX, tcpRX, len(reply)/1500)
+	}
+	t.Logf("TCP stack: %+v", l.r.TCPStats())
 }

@@ -20,7 +20,8 @@ import (
 )
 
 // tcpLab is a veth pair with bypassd on A; TCP peers are kernel sockets in
-// B. TCP runs on the fast path only, so there is no TAP variant.
+// B. The ring tests run TCP on the TAP path too (ring.TestTCPWithKernelPeer,
+// TestTCPPlugOut); the client side does not depend on the path.
 type tcpLab struct {
 	p   *netlab.Pair
 	srv *daemontest.Server
@@ -215,8 +216,8 @@ func TestTCPRefusedAndReset(t *testing.T) {
 	}
 }
 
-// daemonConfigForTCP is the daemon of the TCP tests: AF_XDP only (TCP
-// does not use the TAP path), short spins, 256 KiB queues.
+// daemonConfigForTCP is the daemon of the TCP tests: AF_XDP only (no
+// standby TAP to set up and sweep), short spins, 256 KiB queues.
 func daemonConfigForTCP() config.Config {
 	return config.Config{RXPoll: 20 * time.Microsecond, EnginePoll: 20 * time.Microsecond, Frames: 4096,
 		QueueBytes: 256 << 10, Fallback: "none"}

@@ -11,9 +11,11 @@
 // On eth1, one u32 classifier instance per IP version at a priority that is
 // ours (PrioIPv4, PrioIPv6) holds an entry table and, per destination
 // address, a 256-bucket hash table indexed by the low byte of the
-// destination port, with one filter per flow (3-tuple, or 5-tuple with the
-// source). Every filter we create carries ClassMark as its class id. That
-// mark and the priority are how a restarted daemon tells its predecessor's
+// destination port, with one filter per flow: its protocol (UDP or TCP,
+// whose ports sit in the same place) and 3-tuple, or 5-tuple with the
+// source. The address's link filter takes every protocol; a packet no flow
+// filter takes goes on to the kernel. Every filter we create carries
+// ClassMark as its class id. That mark and the priority are how a restarted daemon tells its predecessor's
 // leftovers (Sweep) from anyone else's filters, which it never touches.
 //
 // Fragments: only the first IPv4 fragment carries the UDP header, so u32

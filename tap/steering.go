@@ -66,8 +66,8 @@ func (s *Steering) redirect() *netlink.MirredAction { return netlink.NewMirredAc
 // AddFlow installs a filter redirecting f to the TAP (and, with the first
 // flow of its destination address, the address's tables and filters).
 func (s *Steering) AddFlow(f qp.Flow) (err error) {
-	if f.Proto != unix.IPPROTO_UDP || !f.Dst.IsValid() || f.Dst.Port() == 0 || f.Dst.Addr().IsUnspecified() {
-		return fmt.Errorf("tap: flow %v: need UDP to a concrete address and port", f)
+	if (f.Proto != unix.IPPROTO_UDP && f.Proto != unix.IPPROTO_TCP) || !f.Dst.IsValid() || f.Dst.Port() == 0 || f.Dst.Addr().IsUnspecified() {
+		return fmt.Errorf("tap: flow %v: need UDP or TCP to a concrete address and port", f)
 	}
 	if f.Src.IsValid() && (f.Src.Addr().Is4() != f.Dst.Addr().Is4() || f.Src.Addr().IsUnspecified()) {
 		return fmt.Errorf("tap: flow %v: the source must be a concrete address of the destination's family", f)
@@ -99,7 +99,7 @@ func (s *Steering) AddFlow(f qp.Flow) (err error) {
 	if err == nil {
 		dport := f.Dst.Port()
 		err = ifc.add(&netlink.U32{FilterAttrs: ifc.filterAttrs(fam, h),
-			Sel:     sel(u32Terminal, portKeys(fam.v6, dport, f.Src)...),
+			Sel:     sel(u32Terminal, flowKeys(fam.v6, f.Proto, dport, f.Src)...),
 			Actions: []netlink.Action{s.redirect()}})
 	}
 	if err != nil {
@@ -277,13 +277,17 @@ func (s *Steering) Flows() ([]qp.Flow, error) {
 	return out, nil
 }
 
-// decodeFlow reads a flow filter's keys back (see portKeys).
+// decodeFlow reads a flow filter's keys back (see flowKeys).
 func decodeFlow(dst netip.Addr, keys []nl.TcU32Key) qp.Flow {
 	f := qp.Flow{Proto: unix.IPPROTO_UDP}
 	var dport, sport uint16
 	hasSrc := false
 	var src [16]byte
 	for _, k := range keys {
+		if p, ok := keyProto(dst.Is6(), k); ok {
+			f.Proto = p
+			continue
+		}
 		switch {
 		case k.Mask == 0x0000ffff:
 			dport = uint16(k.Val)

@@ -122,7 +122,8 @@ func (fb *fallback) kernelGets(t *testing.T, addr netip.AddrPort, send func()) b
 }
 
 // TestSteering: offloaded flows (3-tuple, 5-tuple, IPv4 and IPv6) reach the
-// TAP, everything else reaches the kernel, fragments of an offloaded
+// TAP, everything else reaches the kernel (UDP to the port of a TCP flow
+// included), fragments of an offloaded
 // address reach the TAP, frames written to the TAP leave through the NIC,
 // tc lists exactly our filters, and Close leaves nothing.
 func TestSteering(t *testing.T) {
@@ -132,6 +133,8 @@ func TestSteering(t *testing.T) {
 	fb.add(t, qp.Flow{Proto: unix.IPPROTO_UDP, Dst: netip.AddrPortFrom(a4, 5001), Src: netip.AddrPortFrom(b4, 6001)})
 	fb.add(t, udpFlow(netip.AddrPortFrom(a6, 5000)))
 	fb.add(t, udpFlow(netip.AddrPortFrom(a4, 5000+256))) // same bucket as 5000
+	tcpFlow := qp.Flow{Proto: unix.IPPROTO_TCP, Dst: netip.AddrPortFrom(a4, 5003)}
+	fb.add(t, tcpFlow)
 
 	for _, c := range []struct {
 		src, dst netip.AddrPort
@@ -154,6 +157,7 @@ func TestSteering(t *testing.T) {
 		{netip.AddrPortFrom(b4, 0), netip.AddrPortFrom(a4, 5002)},
 		{netip.AddrPortFrom(b4, 6002), netip.AddrPortFrom(a4, 5001)}, // other source port
 		{netip.AddrPortFrom(b6, 0), netip.AddrPortFrom(a6, 5001)},
+		{netip.AddrPortFrom(b4, 0), netip.AddrPortFrom(a4, 5003)}, // UDP to a TCP flow's port
 	} {
 		if !fb.kernelGets(t, c.dst, func() { fb.sendFrom(t, c.src, c.dst, 100) }) {
 			t.Errorf("datagram %v → %v did not reach the kernel", c.src, c.dst)
@@ -203,7 +207,7 @@ func TestSteering(t *testing.T) {
 	want := map[qp.Flow]bool{
 		udpFlow(netip.AddrPortFrom(a4, 5000)): true, udpFlow(netip.AddrPortFrom(a4, 5256)): true,
 		{Proto: unix.IPPROTO_UDP, Dst: netip.AddrPortFrom(a4, 5001), Src: netip.AddrPortFrom(b4, 6001)}: true,
-		udpFlow(netip.AddrPortFrom(a6, 5000)): true,
+		udpFlow(netip.AddrPortFrom(a6, 5000)): true, tcpFlow: true,
 	}
 	if len(flows) != len(want) {
 		t.Errorf("Flows() = %v, want %d flows", flows, len(want))
@@ -215,8 +219,8 @@ func TestSteering(t *testing.T) {
 	}
 	show := fb.tc(t, "filter", "show", "dev", fb.p.A.Name, "ingress")
 	t.Logf("tc filter show dev %s ingress:\n%s", fb.p.A.Name, show)
-	if got := strings.Count(show, "action order 1: mirred (Egress Redirect to device "+fb.dev.Name()+")"); got != 4+2 {
-		t.Errorf("tc lists %d redirects to %s, want 6 (4 flows, 2 fragment filters):\n%s", got, fb.dev.Name(), show)
+	if got := strings.Count(show, "action order 1: mirred (Egress Redirect to device "+fb.dev.Name()+")"); got != 5+2 {
+		t.Errorf("tc lists %d redirects to %s, want 7 (5 flows, 2 fragment filters):\n%s", got, fb.dev.Name(), show)
 	}
 
 	// A standby steering keeps its flow filters but takes no fragments.
@@ -226,14 +230,14 @@ func TestSteering(t *testing.T) {
 	if err := fb.s.SetActive(false); err != nil {
 		t.Fatal(err)
 	}
-	if got := redirects(); got != 4 {
-		t.Errorf("standby: %d redirects, want the 4 flow filters", got)
+	if got := redirects(); got != 5 {
+		t.Errorf("standby: %d redirects, want the 5 flow filters", got)
 	}
 	if err := fb.s.SetActive(true); err != nil {
 		t.Fatal(err)
 	}
-	if got := redirects(); got != 6 {
-		t.Errorf("active again: %d redirects, want 6", got)
+	if got := redirects(); got != 7 {
+		t.Errorf("active again: %d redirects, want 7", got)
 	}
 
 	// Deleting flows and closing leaves nothing behind.

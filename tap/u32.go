@@ -15,6 +15,7 @@ import (
 // IPv4 header length.
 
 const (
+	ipProtoTCP      = 6
 	ipProtoUDP      = 17
 	ipv6NextFrag    = 44
 	nextHdr         = -1 // key offset relative to the transport header
@@ -63,14 +64,28 @@ func addrKeys(a netip.Addr, dst bool) []nl.TcU32Key {
 	return keys
 }
 
-// udpKey matches UDP (IPv4 protocol, or IPv6 next header without extension
-// headers); fragKey IPv6 fragments (IPv4 fragments are told by their
-// offset field instead).
-func udpKey(v6 bool) nl.TcU32Key {
+// protoKey matches an IP protocol (IPv4 protocol, or IPv6 next header
+// without extension headers); udpKey UDP; fragKey IPv6 fragments (IPv4
+// fragments are told by their offset field instead).
+func protoKey(v6 bool, proto uint8) nl.TcU32Key {
 	if v6 {
-		return key(4, 0x0000ff00, ipProtoUDP<<8)
+		return key(4, 0x0000ff00, uint32(proto)<<8)
 	}
-	return key(8, 0x00ff0000, ipProtoUDP<<16)
+	return key(8, 0x00ff0000, uint32(proto)<<16)
+}
+
+func udpKey(v6 bool) nl.TcU32Key { return protoKey(v6, ipProtoUDP) }
+
+// keyProto returns the protocol a protoKey matches (ok false: k is not
+// one).
+func keyProto(v6 bool, k nl.TcU32Key) (uint8, bool) {
+	if v6 && k.Off == 4 && k.Mask == 0x0000ff00 && k.OffMask == 0 {
+		return uint8(k.Val >> 8), true
+	}
+	if !v6 && k.Off == 8 && k.Mask == 0x00ff0000 && k.OffMask == 0 {
+		return uint8(k.Val >> 16), true
+	}
+	return 0, false
 }
 
 func ipv6FragKey() nl.TcU32Key { return key(4, 0x0000ff00, ipv6NextFrag<<8) }
@@ -78,15 +93,16 @@ func ipv6FragKey() nl.TcU32Key { return key(4, 0x0000ff00, ipv6NextFrag<<8) }
 // unfragmentedKey matches IPv4 packets with MF clear and offset 0.
 func unfragmentedKey() nl.TcU32Key { return key(4, 0x00003fff, 0) }
 
-// portKeys match the destination port and, when src is valid, the source
-// port and address.
-func portKeys(v6 bool, dport uint16, src netip.AddrPort) []nl.TcU32Key {
+// flowKeys match the protocol, the destination port and, when src is
+// valid, the source port and address. UDP and TCP put the ports in the
+// same place.
+func flowKeys(v6 bool, proto uint8, dport uint16, src netip.AddrPort) []nl.TcU32Key {
 	mk := nextKey
 	var off int32
 	if v6 {
 		mk, off = key, ipv6HeaderBytes
 	}
-	keys := []nl.TcU32Key{mk(off, 0x0000ffff, uint32(dport))}
+	keys := []nl.TcU32Key{protoKey(v6, proto), mk(off, 0x0000ffff, uint32(dport))}
 	if src.IsValid() {
 		keys = append(keys, mk(off, 0xffff0000, uint32(src.Port())<<16))
 		keys = append(keys, addrKeys(src.Addr(), false)...)
@@ -97,9 +113,11 @@ func portKeys(v6 bool, dport uint16, src netip.AddrPort) []nl.TcU32Key {
 // linkSel is the selector of an address's link filter: it hashes on the
 // low byte of the destination port (assuming an IPv4 header without
 // options; a packet with options lands in another bucket, misses, and goes
-// to the kernel) and, for IPv4, computes the transport offset.
+// to the kernel) and, for IPv4, computes the transport offset. It matches
+// any protocol (unfragmented IPv4): the flow filters match UDP or TCP, and
+// a packet that none takes goes on to the address's next filters.
 func linkSel(a netip.Addr) *nl.TcU32Sel {
-	keys := append(addrKeys(a, true), udpKey(a.Is6()))
+	keys := addrKeys(a, true)
 	if a.Is6() {
 		s := sel(0, keys...)
 		s.Hoff, s.Hmask = ipv6HeaderBytes, 0x000000ff
