@@ -744,4 +744,6 @@ func tcpCounters(r *ring.Ring, c *stats.RingCounters) {
 	c[stats.RingTCPSynCookies] = t.SynCookiesSent
 	c[stats.RingTCPListenOverflows] = t.ListenOverflows
 	c[stats.RingTCPStackDropped] = t.RXDropped + t.TXDropped + t.TXNotTCP
+	c[stats.RingTCPTSOPackets] = t.TXTSOPackets
+	c[stats.RingTCPTSOFrames] = t.TXTSOFrames
 }

@@ -128,8 +128,10 @@ func ipOffset(frame []byte) int {
 }
 
 // tcpTransmit builds frames for the stack's outbound packets: next hop
-// from the same cache as UDP, Ethernet header in front. A packet to a next
-// hop being resolved stops the batch (the resolution wakes the engine).
+// from the same cache as UDP, Ethernet header in front, a large (TSO)
+// packet cut into frames of one MSS (tcpstack.Packet). A packet to a next
+// hop being resolved stops the batch (the resolution wakes the engine), as
+// does a lack of send buffers for all of a packet's frames.
 func (e *engine) tcpTransmit() (int, error) {
 	s := e.r.tcp.stack.Load()
 	if s == nil {
@@ -138,8 +140,8 @@ func (e *engine) tcpTransmit() (int, error) {
 	r := e.r
 	e.r.tcp.stalled = false
 	var postErr error
-	n := s.Outbound(func(ip []byte) bool {
-		dst, err := tcpstack.Destination(ip)
+	n := s.Outbound(func(p *tcpstack.Packet) bool {
+		dst, err := tcpstack.Destination(p.IP)
 		if err != nil {
 			r.stats.TXErrors.Add(1)
 			return true
@@ -153,7 +155,8 @@ func (e *engine) tcpTransmit() (int, error) {
 			r.stats.TXUnreachable.Add(1)
 			return true
 		}
-		if len(e.tx) == cap(e.tx) {
+		frames := p.Frames()
+		if len(e.tx)+frames > cap(e.tx) {
 			e.backlog = append(e.backlog, e.tx...)
 			e.tx = e.tx[:0]
 			if postErr = e.post(); postErr != nil || len(e.backlog) > 0 {
@@ -161,32 +164,36 @@ func (e *engine) tcpTransmit() (int, error) {
 			}
 		}
 		base := len(e.tx)
-		l := 14 + len(ip)
-		if e.allocTX(e.tx[base:base+1], l) < 1 {
+		if got := e.allocTX(e.tx[base:base+frames], 14+p.FrameLen(0)); got < frames {
+			r.prov.FreeTX(e.tx[base : base+got])
 			r.stats.TXNoBuffer.Add(1)
 			return false
 		}
-		fr := &e.tx[base : base+1][0]
-		if len(fr.Buf) < l {
-			r.prov.FreeTX(e.tx[base : base+1])
-			r.stats.TXErrors.Add(1)
-			return true
-		}
-		b := fr.Buf[:l]
-		copy(b[0:6], d.next.DstMAC)
-		copy(b[6:12], d.next.SrcMAC)
 		et := uint16(0x0800)
-		if ip[0]>>4 == 6 {
+		if p.IP[0]>>4 == 6 {
 			et = 0x86dd
 		}
-		binary.BigEndian.PutUint16(b[12:], et)
-		copy(b[14:], ip)
-		fr.Buf = b
-		fr.SendQueue = 0
-		e.tx = e.tx[:base+1]
+		e.tx = e.tx[:base+frames]
+		for i := range frames {
+			fr := &e.tx[base+i]
+			l := 14 + p.FrameLen(i)
+			if len(fr.Buf) < l {
+				r.prov.FreeTX(e.tx[base:])
+				e.tx = e.tx[:base]
+				r.stats.TXErrors.Add(1)
+				return true
+			}
+			b := fr.Buf[:l]
+			copy(b[0:6], d.next.DstMAC)
+			copy(b[6:12], d.next.SrcMAC)
+			binary.BigEndian.PutUint16(b[12:], et)
+			p.Build(i, b[14:])
+			fr.Buf = b
+			fr.SendQueue = 0
+			r.stats.TCPTXBytes.Add(uint64(l - 14))
+		}
 		e.stage(e.tx[base:])
-		r.stats.TCPTXPackets.Add(1)
-		r.stats.TCPTXBytes.Add(uint64(len(ip)))
+		r.stats.TCPTXPackets.Add(uint64(frames))
 		return true
 	})
 	return n, postErr

@@ -2,14 +2,18 @@ package ring_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/ring"
@@ -199,13 +203,201 @@ func TestTCPPlugOut(t *testing.T) {
 		t.Fatalf("kernel server: %v", err)
 	}
 	checkAnswer(t, sent, got, reply)
+	// The ring re-attaches its program about a second after the loss, so
+	// a slow run (race detector, loaded machine) sees the plug-in too:
+	// the connection survives both switches.
 	fb := l.r.FallbackStats()
-	if fb.Plugouts != fb0.Plugouts+1 || !fb.OnTAP {
-		t.Errorf("fallback: %+v, want one plug-out and the TAP path", fb)
+	if fb.Plugouts != fb0.Plugouts+1 {
+		t.Errorf("fallback: %+v, want one plug-out", fb)
 	}
-	// The reply (2 MiB) came in through the TAP, to the same stack.
-	if tapRX, tcpRX := fb.RXPackets-fb0.RXPackets, l.r.Stats().TCPRXPackets.Load()-rx0; tapRX < uint64(len(reply)/1500) || tcpRX < uint64(len(reply)/1500) {
-		t.Errorf("after the plug-out: %d frames from the TAP, %d TCP frames to the stack; the reply needs %d", tapRX, tcpRX, len(reply)/1500)
+	// The TAP carried the connection's frames both ways, to and from the
+	// same stack.
+	if tapRX, tapTX, tcpRX := fb.RXPackets-fb0.RXPackets, fb.TXPackets-fb0.TXPackets, l.r.Stats().TCPRXPackets.Load()-rx0; tapRX == 0 || tapTX == 0 || tcpRX < uint64(len(reply)/1500) {
+		t.Errorf("after the plug-out: %d frames from the TAP, %d to it, %d TCP frames to the stack; the reply needs %d", tapRX, tapTX, tcpRX, len(reply)/1500)
 	}
 	t.Logf("TCP stack: %+v", l.r.TCPStats())
+}
+
+// capture reads the frames arriving on link l (an AF_PACKET socket in its
+// namespace) until stop is closed; it returns them when done is read.
+func capture(t *testing.T, l *netlab.Link) (stop func() [][]byte) {
+	t.Helper()
+	var fd int
+	err := l.NS.Do(func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return err
+		}
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20)
+		_ = unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1)
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: l.Index})
+	})
+	if err != nil {
+		t.Fatalf("AF_PACKET socket on %s: %v", l.Name, err)
+	}
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100_000})
+	var quit atomic.Bool
+	done := make(chan [][]byte, 1)
+	go func() {
+		var frames [][]byte
+		buf := make([]byte, 70000)
+		for !quit.Load() {
+			n, _, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil {
+				continue
+			}
+			frames = append(frames, append([]byte(nil), buf[:n]...))
+		}
+		done <- frames
+	}()
+	return func() [][]byte {
+		quit.Store(true)
+		frames := <-done
+		unix.Close(fd)
+		return frames
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// TestTCPTSO: the ring's stack hands the engine TCP segments of up to
+// 64 KiB and the engine cuts them into frames: at the peer (an AF_PACKET
+// capture in its namespace, GRO off) every TCP frame of a 4 MiB transfer
+// fits the MTU and has correct IP and TCP checksums, the kernel counted no
+// checksum error, and the transfer is byte-exact.
+func TestTCPTSO(t *testing.T) {
+	netlab.RequirePriv(t)
+	l := newLab(t, ring.Config{})
+	p := l.p
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if out, err := p.B.NS.Command(ctx, "ethtool", "-K", p.B.Name, "gro", "off").CombinedOutput(); err != nil {
+		t.Fatalf("ethtool -K %s gro off: %v: %s", p.B.Name, err, out)
+	}
+	for _, v6 := range []bool{false, true} {
+		aAddr, bAddr := p.A.Addr4(), p.B.Addr4()
+		if v6 {
+			aAddr, bAddr = p.A.Addr6(), p.B.Addr6()
+		}
+		csum0 := p.B.NS.TCPStat(t, "InCsumErrors")
+		st0 := l.r.TCPStats()
+		kl := p.B.NS.ListenTCP(t, netip.AddrPortFrom(bAddr, 0))
+		reply := payload(5, 1000)
+		errc := make(chan error, 1)
+		go func() {
+			c, err := kl.Accept()
+			if err == nil {
+				err = netlab.HashPeer(c, reply, 60*time.Second)
+			}
+			errc <- err
+		}()
+		stop := capture(t, p.B)
+		c, err := l.r.DialTCP(ctx, netip.AddrPort{}, kl.Addr().(*net.TCPAddr).AddrPort())
+		if err != nil {
+			stop()
+			t.Fatalf("dial: %v", err)
+		}
+		sent := payload(6, 4<<20)
+		got := exchange(t, c.NetConn(), sent)
+		frames := stop()
+		_ = c.Close()
+		if err := <-errc; err != nil {
+			t.Fatalf("v6=%v: kernel server: %v", v6, err)
+		}
+		checkAnswer(t, sent, got, reply)
+
+		mtu := l.r.MTU()
+		var data, bad int
+		for _, f := range frames {
+			ip, src, dst, tcp, ok := parseTCPFrame(f)
+			if !ok || src != aAddr || dst != bAddr {
+				continue
+			}
+			if len(ip) > mtu {
+				t.Fatalf("v6=%v: a %d-byte TCP frame from the ring, MTU %d", v6, len(ip), mtu)
+			}
+			if !tcpChecksumOK(ip, tcp, src, dst) {
+				bad++
+			}
+			data += len(tcp) - int(tcp[12]>>4)*4
+		}
+		if bad != 0 {
+			t.Errorf("v6=%v: %d frames with a wrong checksum", v6, bad)
+		}
+		// The capture may miss frames on a loaded machine; most must be there.
+		if data < len(sent)/2 {
+			t.Errorf("v6=%v: captured %d bytes of TCP payload from the ring, sent %d", v6, data, len(sent))
+		}
+		st := l.r.TCPStats()
+		tso, tsoFrames := st.TXTSOPackets-st0.TXTSOPackets, st.TXTSOFrames-st0.TXTSOFrames
+		if tso == 0 || tsoFrames < 2*tso {
+			t.Errorf("v6=%v: %d large packets cut into %d frames; the stack did not hand large segments", v6, tso, tsoFrames)
+		}
+		if n := p.B.NS.TCPStat(t, "InCsumErrors") - csum0; n != 0 {
+			t.Errorf("v6=%v: the peer's kernel counted %d TCP checksum errors", v6, n)
+		}
+		t.Logf("v6=%v: %d large packets became %d frames; captured %d frames, %d payload bytes", v6, tso, tsoFrames, len(frames), data)
+	}
+}
+
+// parseTCPFrame splits an Ethernet frame carrying TCP over IPv4 or IPv6
+// (no extension headers).
+func parseTCPFrame(f []byte) (ip []byte, src, dst netip.Addr, tcp []byte, ok bool) {
+	if len(f) < 14 {
+		return nil, src, dst, nil, false
+	}
+	ip = f[14:]
+	switch binary.BigEndian.Uint16(f[12:]) {
+	case 0x0800:
+		if len(ip) < 20 || ip[9] != 6 {
+			return nil, src, dst, nil, false
+		}
+		ihl := int(ip[0]&0xf) * 4
+		tl := int(binary.BigEndian.Uint16(ip[2:]))
+		if tl > len(ip) || tl < ihl+20 {
+			return nil, src, dst, nil, false
+		}
+		ip = ip[:tl]
+		return ip, netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20])), ip[ihl:], true
+	case 0x86dd:
+		if len(ip) < 60 || ip[6] != 6 {
+			return nil, src, dst, nil, false
+		}
+		pl := int(binary.BigEndian.Uint16(ip[4:]))
+		if 40+pl > len(ip) {
+			return nil, src, dst, nil, false
+		}
+		ip = ip[:40+pl]
+		return ip, netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40])), ip[40:], true
+	}
+	return nil, src, dst, nil, false
+}
+
+// tcpChecksumOK verifies the IP header checksum (IPv4) and the TCP
+// checksum with its pseudo-header, independently of the code under test.
+func tcpChecksumOK(ip, tcp []byte, src, dst netip.Addr) bool {
+	sum := func(b []byte, s uint32) uint32 {
+		for len(b) >= 2 {
+			s += uint32(b[0])<<8 | uint32(b[1])
+			b = b[2:]
+		}
+		if len(b) == 1 {
+			s += uint32(b[0]) << 8
+		}
+		return s
+	}
+	fold := func(s uint32) uint32 {
+		for s > 0xffff {
+			s = s&0xffff + s>>16
+		}
+		return s
+	}
+	if src.Is4() && fold(sum(ip[:int(ip[0]&0xf)*4], 0)) != 0xffff {
+		return false
+	}
+	s := sum(src.AsSlice(), 0)
+	s = sum(dst.AsSlice(), s)
+	s += 6 + uint32(len(tcp))
+	return fold(sum(tcp, s)) == 0xffff
 }

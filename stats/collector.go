@@ -144,6 +144,8 @@ var ringSeries = []struct {
 	{RingTCPChecksumErrors, counter("tcp_checksum_errors_total", "TCP segments with a wrong checksum.", ringLabels...)},
 	{RingTCPSynCookies, counter("tcp_syn_cookies_sent_total", "SYN cookies sent because a listener's SYN queue was full.", ringLabels...)},
 	{RingTCPListenOverflows, counter("tcp_listen_overflows_total", "SYNs or handshake ACKs dropped because a listener's accept queue was full.", ringLabels...)},
+	{RingTCPTSOPackets, counter("tcp_tso_packets_total", "Large TCP segments the engine cut into frames (software TSO).", ringLabels...)},
+	{RingTCPTSOFrames, counter("tcp_tso_frames_total", "Frames the large TCP segments became.", ringLabels...)},
 	{RingTCPStackDropped, counter("tcp_stack_dropped_packets_total", "Packets the TCP stack's link dropped: outbound queue full, non-TCP, unparsable.", ringLabels...)},
 	{RingRXDecapsulated, counter("ring_vxlan_rx_decapsulated_packets_total", "VXLAN frames of overlay sockets the ring decapsulated.", ringLabels...)},
 	{RingTXEncapsulated, counter("ring_vxlan_tx_encapsulated_packets_total", "Datagrams of overlay sockets the ring sent encapsulated in VXLAN.", ringLabels...)},

@@ -30,9 +30,13 @@
 // treats every destination as on-link. Only TCP leaves it: anything else
 // the stack would send (ICMP, MLD) is dropped and counted.
 //
-// Checksums: the stack verifies received TCP checksums (a frame with a
-// partial checksum, as veth produces with TX offload on, fails) and
-// computes those it sends in software.
+// Checksums and TSO: the stack verifies received TCP checksums (a frame
+// with a partial checksum, as veth produces with TX offload on, fails).
+// For what it sends, the link offers segmentation offload as a NIC does
+// (gVisor's host GSO): the stack hands it segments of up to 64 KiB with the
+// TCP checksum left to the link, and the engine cuts each into frames of
+// one MSS, completing every checksum in the same pass as the copy
+// (segment.go).
 //
 // The package does not own steering, port reservations or frames (package
 // ring), nor the control protocol (package daemon).

@@ -20,7 +20,7 @@ type link struct {
 
 	mu sync.Mutex
 	// out holds serialized outbound packets, oldest first.
-	out [][]byte
+	out []Packet
 
 	stats linkStats
 }
@@ -28,7 +28,19 @@ type link struct {
 // dispatcher boxes the interface so it fits an atomic.Pointer.
 type dispatcher struct{ d stack.NetworkDispatcher }
 
-var _ stack.LinkEndpoint = (*link)(nil)
+var (
+	_ stack.LinkEndpoint = (*link)(nil)
+	_ stack.GSOEndpoint  = (*link)(nil)
+)
+
+// SupportedGSO makes the stack hand the link TCP segments of up to
+// GSOMaxSize with the checksum left to it (segment.go).
+func (l *link) SupportedGSO() stack.SupportedGSO { return stack.HostGSOSupported }
+
+// GSOMaxSize bounds a large packet to 64 KiB and to maxTSOFrames frames.
+func (l *link) GSOMaxSize() uint32 {
+	return min(65535, maxTSOFrames*(l.mtu-40))
+}
 
 func (l *link) dispatcher() stack.NetworkDispatcher {
 	if p := l.disp.Load(); p != nil {
@@ -80,7 +92,16 @@ func (l *link) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 		for _, s := range pkt.AsSlices() {
 			off += copy(b[off:], s)
 		}
-		l.out = append(l.out, b[:off])
+		mss, csum := 0, false
+		if g := pkt.GSOOptions; g.Type == stack.GSOTCPv4 || g.Type == stack.GSOTCPv6 {
+			mss, csum = int(g.MSS), g.NeedsCsum
+		}
+		p := newPacket(b[:off], mss, csum)
+		if n := p.Frames(); n > 1 {
+			l.stats.TXTSOPackets.Add(1)
+			l.stats.TXTSOFrames.Add(uint64(n))
+		}
+		l.out = append(l.out, p)
 		l.stats.TXPackets.Add(1)
 	}
 	queued := len(l.out) > 0
@@ -91,23 +112,36 @@ func (l *link) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 	return n, nil
 }
 
-// bufPool recycles outbound packet buffers (MTU-sized, larger ones are
-// allocated and dropped).
-var bufPool = sync.Pool{New: func() any { b := make([]byte, poolBufSize); return &b }}
+// bufPool and bigPool recycle outbound packet buffers: frame-sized ones,
+// and 64 KiB ones for large (TSO) packets; larger ones are allocated and
+// dropped.
+var (
+	bufPool = sync.Pool{New: func() any { b := make([]byte, poolBufSize); return &b }}
+	bigPool = sync.Pool{New: func() any { b := make([]byte, bigBufSize); return &b }}
+)
 
-const poolBufSize = 4096
+const (
+	poolBufSize = 4096
+	bigBufSize  = 64 << 10
+)
 
 func getBuf(n int) []byte {
-	if n > poolBufSize {
-		return make([]byte, n)
+	switch {
+	case n <= poolBufSize:
+		return (*bufPool.Get().(*[]byte))[:n]
+	case n <= bigBufSize:
+		return (*bigPool.Get().(*[]byte))[:n]
 	}
-	return (*bufPool.Get().(*[]byte))[:n]
+	return make([]byte, n)
 }
 
 func putBuf(b []byte) {
-	if cap(b) != poolBufSize {
-		return
+	switch cap(b) {
+	case poolBufSize:
+		b = b[:poolBufSize]
+		bufPool.Put(&b)
+	case bigBufSize:
+		b = b[:bigBufSize]
+		bigPool.Put(&b)
 	}
-	b = b[:poolBufSize]
-	bufPool.Put(&b)
 }

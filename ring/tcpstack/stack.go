@@ -57,7 +57,7 @@ type Stack struct {
 
 	// pend and pendOff are the engine's batch of outbound packets being
 	// sent (engine-owned; see Outbound).
-	pend    [][]byte
+	pend    []Packet
 	pendOff int
 }
 
@@ -164,9 +164,10 @@ func (s *Stack) Deliver(ip []byte) {
 
 // Outbound offers the stack's queued outbound IP packets to send, oldest
 // first, until send returns false (that packet stays queued and is offered
-// first next time). The buffer passed to send is reused after send
-// returns. It returns how many packets were taken. Engine thread only.
-func (s *Stack) Outbound(send func(ip []byte) bool) int {
+// first next time). A packet may have to become several frames
+// (Packet.Frames). Its buffer is reused after send returns. It returns how
+// many packets were taken. Engine thread only.
+func (s *Stack) Outbound(send func(p *Packet) bool) int {
 	if s.pendOff == len(s.pend) {
 		l := s.link
 		l.mu.Lock()
@@ -176,12 +177,12 @@ func (s *Stack) Outbound(send func(ip []byte) bool) int {
 	}
 	n := 0
 	for s.pendOff < len(s.pend) {
-		b := s.pend[s.pendOff]
-		if !send(b) {
+		p := &s.pend[s.pendOff]
+		if !send(p) {
 			break
 		}
-		s.pend[s.pendOff] = nil
-		putBuf(b)
+		putBuf(p.IP)
+		*p = Packet{}
 		s.pendOff++
 		n++
 	}
@@ -243,8 +244,11 @@ type Stats struct {
 	// RXPackets are IP packets the engine delivered, RXDropped those
 	// the stack could not take; TXPackets are packets the stack queued
 	// for the engine, TXDropped those dropped because the queue was
-	// full, TXNotTCP non-TCP packets the stack tried to send (dropped).
+	// full, TXNotTCP non-TCP packets the stack tried to send (dropped);
+	// TXTSOPackets are large packets (part of TXPackets) the engine
+	// cuts into frames, TXTSOFrames the frames they become.
 	RXPackets, RXDropped, TXPackets, TXDropped, TXNotTCP uint64
+	TXTSOPackets, TXTSOFrames                            uint64
 	// From gVisor: connections opened actively (connect) and passively
 	// (accept), currently established, failed attempts, resets sent
 	// and received, retransmitted segments, fast retransmits, timeouts
@@ -266,6 +270,7 @@ func (s *Stack) Stats() Stats {
 	return Stats{
 		RXPackets: l.RXPackets.Load(), RXDropped: l.RXDropped.Load(), TXPackets: l.TXPackets.Load(),
 		TXDropped: l.TXDropped.Load(), TXNotTCP: l.TXNotTCP.Load(),
+		TXTSOPackets: l.TXTSOPackets.Load(), TXTSOFrames: l.TXTSOFrames.Load(),
 		ActiveOpens: t.ActiveConnectionOpenings.Value(), PassiveOpens: t.PassiveConnectionOpenings.Value(),
 		Established: t.CurrentEstablished.Value(), FailedAttempts: t.FailedConnectionAttempts.Value(),
 		ResetsSent: t.ResetsSent.Value(), ResetsReceived: t.ResetsReceived.Value(),
@@ -281,6 +286,7 @@ func (s *Stack) Stats() Stats {
 // linkStats are the link endpoint's counters.
 type linkStats struct {
 	RXPackets, RXDropped, TXPackets, TXDropped, TXNotTCP atomic.Uint64
+	TXTSOPackets, TXTSOFrames                            atomic.Uint64
 }
 
 // ConnInfo describes one connection of the stack (bypassctl's
@@ -311,6 +317,8 @@ func (e *Endpoint) Info() ConnInfo {
 	ci.Local, ci.Remote = e.Addrs()
 	ci.SendQueued, _ = e.EP.GetSockOptInt(tcpip.SendQueueSizeOption)
 	ci.RecvQueued, _ = e.EP.GetSockOptInt(tcpip.ReceiveQueueSizeOption)
+	// gVisor answers -1 where a queue does not apply (a closed endpoint).
+	ci.SendQueued, ci.RecvQueued = max(ci.SendQueued, 0), max(ci.RecvQueued, 0)
 	if st, ok := e.EP.Stats().(*tcp.Stats); ok {
 		ci.Retransmits = st.SendErrors.Retransmits.Value()
 		ci.Timeouts = st.SendErrors.Timeouts.Value()
