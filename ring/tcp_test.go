@@ -3,6 +3,7 @@ package ring_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -400,4 +401,101 @@ func tcpChecksumOK(ip, tcp []byte, src, dst netip.Addr) bool {
 	s = sum(dst.AsSlice(), s)
 	s += 6 + uint32(len(tcp))
 	return fold(sum(tcp, s)) == 0xffff
+}
+
+// TestTCPSYNFlood: 20,000 SYNs from made-up ports (a raw socket in the
+// peer namespace) at a listener with a backlog of 16: the stack answers
+// with SYN cookies instead of keeping state (no connection per SYN), and
+// right after it a real client connects to the same listener and
+// exchanges data.
+func TestTCPSYNFlood(t *testing.T) {
+	netlab.RequirePriv(t)
+	l := newLab(t, ring.Config{})
+	p := l.p
+	rl, err := l.r.ListenTCP(netip.AddrPortFrom(p.A.Addr4(), 0), 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rl.Close()
+	st0 := l.r.TCPStats()
+	var fd int
+	if err := p.B.NS.Do(func() error {
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+		return err
+	}); err != nil {
+		t.Fatalf("raw socket: %v", err)
+	}
+	defer unix.Close(fd)
+	src, dst := p.B.Addr4().As4(), p.A.Addr4().As4()
+	to := &unix.SockaddrInet4{Addr: dst}
+	const syns = 20000
+	for i := range syns {
+		seg := make([]byte, 20)
+		binary.BigEndian.PutUint16(seg[0:], uint16(20000+i%40000))
+		binary.BigEndian.PutUint16(seg[2:], rl.LocalAddr().Port())
+		binary.BigEndian.PutUint32(seg[4:], uint32(i)*7919)
+		seg[12] = 5 << 4
+		seg[13] = 0x02 // SYN
+		binary.BigEndian.PutUint16(seg[14:], 65535)
+		s := uint32(0)
+		for _, b := range [][]byte{src[:], dst[:], {0, 6, 0, 20}, seg} {
+			for j := 0; j+1 < len(b); j += 2 {
+				s += uint32(b[j])<<8 | uint32(b[j+1])
+			}
+		}
+		for s > 0xffff {
+			s = s&0xffff + s>>16
+		}
+		binary.BigEndian.PutUint16(seg[16:], ^uint16(s))
+		if err := unix.Sendto(fd, seg, 0, to); err != nil && !errors.Is(err, unix.ENOBUFS) {
+			t.Fatalf("send SYN %d: %v", i, err)
+		}
+	}
+	// A real client during the flood's aftermath: connects, exchanges.
+	reply := payload(7, 1000)
+	errc := make(chan error, 1)
+	go func() {
+		kc, err := p.B.NS.DialTCP(rl.LocalAddr(), 10*time.Second)
+		if err == nil {
+			err = netlab.HashPeer(kc, reply, 30*time.Second)
+		}
+		errc <- err
+	}()
+	sc, err := acceptWithin(rl, 15*time.Second)
+	if err != nil {
+		t.Fatalf("accept during the flood: %v", err)
+	}
+	sent := payload(8, 100_000)
+	got := exchange(t, sc, sent)
+	if err := <-errc; err != nil {
+		t.Fatalf("kernel client: %v", err)
+	}
+	checkAnswer(t, sent, got, reply)
+	_ = sc.Close()
+	st := l.r.TCPStats()
+	t.Logf("flood: %+v", st)
+	if st.SynCookiesSent == st0.SynCookiesSent && st.ListenOverflows == st0.ListenOverflows {
+		t.Errorf("%d SYNs at a backlog of 16: no SYN cookie sent and no overflow counted", syns)
+	}
+	// State stays bounded: no connection per SYN.
+	if n := len(l.r.TCPConnections()); n > 64 {
+		t.Errorf("%d connections in the stack after the flood, want the SYNs to leave no state", n)
+	}
+}
+
+// acceptWithin accepts one connection or fails after d.
+func acceptWithin(rl *ring.TCPListener, d time.Duration) (net.Conn, error) {
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() { c, err := rl.Accept(); ch <- res{c, err} }()
+	select {
+	case r := <-ch:
+		return r.c, r.err
+	case <-time.After(d):
+		_ = rl.Close()
+		return nil, errors.New("no connection accepted")
+	}
 }
