@@ -1,8 +1,10 @@
 // Command tcpbench compares TCP through bypassd with kernel TCP in one
 // lab and one run: 64-byte request/response latency (p50, p99, one
-// connection) and single-stream bulk throughput, the client in namespace
-// A (through bypassd's TCP stack, or the kernel's) and a kernel server in
-// namespace B. Run as root; `make bench` runs it.
+// connection), transactions/s over 1, 16 and 256 connections at once,
+// connection setup rate (connect, one exchange, close), and single-stream
+// bulk throughput with the process's CPU time per GB, the client in
+// namespace A (through bypassd's TCP stack, or the kernel's) and a kernel
+// server in namespace B. Run as root; `make bench` runs it.
 package main
 
 import (
@@ -16,6 +18,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -31,14 +37,25 @@ func main() {
 	size := flag.Int("size", 64, "request and response size (bytes)")
 	bulk := flag.Int("bulk", 256<<20, "bytes of the bulk transfer")
 	poll := flag.Duration("poll", 50*time.Microsecond, "spin time of the daemon's engine and its clients before sleeping")
+	connsFlag := flag.String("conns", "1,16,256", "connection counts of the transactions/s runs")
+	setups := flag.Int("setups", 300, "connections of the setup-rate run")
 	flag.Parse()
-	if err := run(*dur, *size, *bulk, *poll); err != nil {
+	var conns []int
+	for _, f := range strings.Split(*connsFlag, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "tcpbench: -conns %q: want counts like 1,16,256\n", *connsFlag)
+			os.Exit(2)
+		}
+		conns = append(conns, n)
+	}
+	if err := run(*dur, *size, *bulk, *poll, conns, *setups); err != nil {
 		fmt.Fprintln(os.Stderr, "tcpbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dur time.Duration, size, bulk int, poll time.Duration) error {
+func run(dur time.Duration, size, bulk int, poll time.Duration, conns []int, setups int) error {
 	if ok, why := netlab.Privileged(); !ok {
 		return fmt.Errorf("needs root: %s", why)
 	}
@@ -53,7 +70,10 @@ func run(dur time.Duration, size, bulk int, poll time.Duration) error {
 	}
 	defer os.RemoveAll(dir)
 	cfg := config.Config{Interfaces: []config.Interface{{Name: p.A.Name}}, SocketPath: filepath.Join(dir, "bypassd.sock"),
-		RunDir: dir, StatsDir: filepath.Join(dir, "stats"), RXPoll: poll, EnginePoll: poll, Fallback: "none"}
+		RunDir: dir, StatsDir: filepath.Join(dir, "stats"), RXPoll: poll, EnginePoll: poll, Fallback: "none",
+		// 256 connections of 1 MiB queues each way: above the default
+		// per-client budget.
+		MaxQueueMemory: 1 << 30}
 	var d *daemon.Daemon
 	if err := p.A.NS.Do(func() error { d, err = daemon.New(cfg, zap.NewNop()); return err }); err != nil {
 		return err
@@ -108,7 +128,7 @@ func run(dur time.Duration, size, bulk int, poll time.Duration) error {
 			return conn, err
 		}},
 	}
-	fmt.Printf("%-8s %10s %10s %12s %14s\n", "path", "p50 µs", "p99 µs", "trans/s", "bulk Gbit/s")
+	fmt.Printf("%-8s %10s %10s %12s %14s %12s\n", "path", "p50 µs", "p99 µs", "trans/s", "bulk Gbit/s", "CPU s/GB")
 	for _, dl := range dials {
 		conn, err := dl.dial()
 		if err != nil {
@@ -123,13 +143,133 @@ func run(dur time.Duration, size, bulk int, poll time.Duration) error {
 		if err != nil {
 			return fmt.Errorf("%s: dial: %w", dl.name, err)
 		}
+		cpu0 := cpuTime()
 		gbps, err := bulkSend(conn, bulk)
 		if err != nil {
 			return fmt.Errorf("%s: bulk: %w", dl.name, err)
 		}
-		fmt.Printf("%-8s %10.1f %10.1f %12.0f %14.2f\n", dl.name, p50, p99, tps, gbps)
+		cpuPerGB := (cpuTime() - cpu0).Seconds() / (float64(bulk) / 1e9)
+		fmt.Printf("%-8s %10.1f %10.1f %12.0f %14.2f %12.2f\n", dl.name, p50, p99, tps, gbps, cpuPerGB)
+	}
+	fmt.Println()
+	fmt.Printf("%-8s %8s %12s\n", "path", "conns", "trans/s")
+	for _, n := range conns {
+		for _, dl := range dials {
+			if dl.name == "ring" {
+				continue
+			}
+			tps, err := manyPingPong(dl.dial, n, size, dur)
+			if err != nil {
+				return fmt.Errorf("%s: %d connections: %w", dl.name, n, err)
+			}
+			fmt.Printf("%-8s %8d %12.0f\n", dl.name, n, tps)
+		}
+	}
+	fmt.Println()
+	fmt.Printf("%-8s %14s\n", "path", "setups/s")
+	for _, dl := range dials {
+		if dl.name == "ring" {
+			continue
+		}
+		rate, done, err := setupRate(dl.dial, setups, size)
+		if err != nil {
+			// Reported, not fatal: the other rows still mean something.
+			fmt.Printf("%-8s %14s  (failed after %d connections: %v)\n", dl.name, "-", done, err)
+			continue
+		}
+		fmt.Printf("%-8s %14.0f\n", dl.name, rate)
 	}
 	return nil
+}
+
+// cpuTime is the process's user and system CPU time: the client and, for
+// bypassd, the daemon (in this process); kernel TCP's softirq work is
+// counted where it runs, often not here.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// manyPingPong runs n connections' ping-pong at once for dur and returns
+// the transactions per second of all of them.
+func manyPingPong(dial func() (net.Conn, error), n, size int, dur time.Duration) (float64, error) {
+	cs := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	for range n {
+		c, err := dial()
+		if err != nil {
+			return 0, err
+		}
+		cs = append(cs, c)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var total int
+	var firstErr error
+	start := time.Now()
+	for _, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k, err := exchanges(c, size, dur)
+			mu.Lock()
+			total += k
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return float64(total) / time.Since(start).Seconds(), firstErr
+}
+
+// exchanges runs one connection's ping-pong for dur and counts the
+// round trips.
+func exchanges(c net.Conn, size int, dur time.Duration) (int, error) {
+	if _, err := c.Write([]byte{'p'}); err != nil {
+		return 0, err
+	}
+	buf := make([]byte, size)
+	k := 0
+	for end := time.Now().Add(dur); time.Now().Before(end); k++ {
+		if _, err := c.Write(buf); err != nil {
+			return k, err
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return k, err
+		}
+	}
+	return k, nil
+}
+
+// setupRate opens n connections one after the other, each with one
+// exchange and a close, and returns connections per second (and how many
+// completed, when one failed).
+func setupRate(dial func() (net.Conn, error), n, size int) (float64, int, error) {
+	buf := make([]byte, size)
+	start := time.Now()
+	for i := range n {
+		c, err := dial()
+		if err != nil {
+			return 0, i, err
+		}
+		if _, err := c.Write(append([]byte{'p'}, buf...)); err != nil {
+			c.Close()
+			return 0, i, err
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			c.Close()
+			return 0, i, err
+		}
+		c.Close()
+	}
+	return float64(n) / time.Since(start).Seconds(), n, nil
 }
 
 // serve answers each connection: the first byte says what it is ('p':
