@@ -189,7 +189,9 @@ func TestTCPPlugOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.CommandContext(ctx, "bpftool", "link", "detach", "id", fmt.Sprint(id)).CombinedOutput(); err != nil {
+	bctx, bcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer bcancel()
+	if out, err := exec.CommandContext(bctx, "bpftool", "link", "detach", "id", fmt.Sprint(id)).CombinedOutput(); err != nil {
 		t.Fatalf("bpftool link detach id %d: %v: %s", id, err, out)
 	}
 	deadline := time.Now().Add(10 * time.Second)
