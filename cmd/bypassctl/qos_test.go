@@ -2,15 +2,19 @@ package main
 
 import (
 	"bytes"
+	"net"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/daemon/daemontest"
 	"github.com/bypassd/bypassd/internal/ctldoc"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/ring/sched/qos"
+	"github.com/bypassd/bypassd/socket"
 )
 
 // The document's second mlnx_qos example (-s ets,ets,strict
@@ -107,4 +111,93 @@ func TestQoSAgainstDaemon(t *testing.T) {
 	if again, _ := config.LoadQoSFile(file); again.Interfaces[ifn] != got {
 		t.Errorf("a refused change reached the QoS file")
 	}
+}
+
+// The issue's acceptance check: `bypassctl qos -i IF -s ets,ets -t 30,70`
+// changes what an independent receiver (a kernel socket in the peer
+// namespace) measures. Two client sockets, at sk_prio 0 and 1 (UP 0 and 1,
+// TC 0 and 1 with -p 0,1,...), keep their queues full while a port limit
+// set with --maxrate holds the ring; then the limit opens under 50/50 and
+// under 30/70 and the receiver counts each class's share of a window of
+// datagrams it received (shares of wire bytes: one datagram size).
+func TestQoSChangesWhatAReceiverMeasures(t *testing.T) {
+	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
+	// Queues that hold a round's datagrams (700 of 1000 bytes).
+	srv := daemontest.Start(t, p, config.Config{QueueBytes: 1 << 20}, nil)
+	sock, ifn := srv.SocketPath(), p.A.Name
+	recv := p.B.NS.ListenUDP(t, netip.AddrPortFrom(p.B.Addr4(), 0))
+	_ = recv.SetReadBuffer(4 << 20)
+	dst := recv.LocalAddr().(*net.UDPAddr).AddrPort()
+	c, err := socket.Dial(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var conns [2]*socket.UDPConn
+	for prio := range conns {
+		u, err := c.ListenUDP("udp4", netip.AddrPortFrom(p.A.Addr4(), 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer u.Close()
+		if err := u.SetOption("SO_PRIORITY", prio); err != nil {
+			t.Fatal(err)
+		}
+		conns[prio] = u
+	}
+	lowPort := conns[0].LocalAddr().(*net.UDPAddr).AddrPort().Port()
+	buf := make([]byte, 2048)
+	// drain reads until nothing arrives for d.
+	drain := func(d time.Duration) {
+		for {
+			_ = recv.SetReadDeadline(time.Now().Add(d))
+			if _, _, err := recv.ReadFromUDPAddrPort(buf); err != nil {
+				return
+			}
+		}
+	}
+	const dgram, queued, window = 1000, 700, 400
+	share := func(tcbw string) float64 {
+		t.Helper()
+		// Empty the queues of what the last round left, hold the ring
+		// (1 kbit/s), let what left before arrive, then fill both queues.
+		mustCtl(t, sock, "qos", "-i", ifn, "--maxrate", "0")
+		drain(300 * time.Millisecond)
+		mustCtl(t, sock, "qos", "-i", ifn, "-p", "0,1,2,3,4,5,6,7", "--maxrate", "1k")
+		drain(300 * time.Millisecond)
+		for _, u := range conns {
+			_ = u.SetWriteDeadline(time.Now().Add(10 * time.Second))
+			for i := range queued {
+				if _, err := u.WriteToUDPAddrPort(make([]byte, dgram), dst); err != nil {
+					t.Fatalf("queueing datagram %d: %v", i, err)
+				}
+			}
+		}
+		drain(300 * time.Millisecond) // the bucket a new state starts with
+		// Open at 8 Mbit/s under the shares: both classes stay backlogged
+		// for the whole window (the 70% class needs 280 of its 700).
+		mustCtl(t, sock, "qos", "-i", ifn, "-s", "ets,ets", "-t", tcbw, "--maxrate", "8M")
+		low := 0
+		for i := range window {
+			_ = recv.SetReadDeadline(time.Now().Add(10 * time.Second))
+			_, from, err := recv.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				t.Fatalf("-t %s: datagram %d of %d: %v", tcbw, i, window, err)
+			}
+			if from.Port() == lowPort {
+				low++
+			}
+		}
+		return float64(low) / window
+	}
+	even, skewed := share("50,50"), share("30,70")
+	t.Logf("TC 0's share at the receiver: %.3f under -t 50,50, %.3f under -t 30,70", even, skewed)
+	if even < 0.45 || even > 0.55 {
+		t.Errorf("-s ets,ets -t 50,50: TC 0 got %.1f%% of the datagrams, want 50%% ±5", 100*even)
+	}
+	if skewed < 0.25 || skewed > 0.35 {
+		t.Errorf("-s ets,ets -t 30,70: TC 0 got %.1f%% of the datagrams, want 30%% ±5", 100*skewed)
+	}
+	mustCtl(t, sock, "qos", "-i", ifn, "--maxrate", "0")
+	drain(500 * time.Millisecond)
 }
