@@ -532,24 +532,16 @@ func (d *Daemon) adoptSocket(s *session, ks takeover.Socket, files *takeover.Fil
 			return nil, err
 		}
 	}
-	for _, a := range e.Steered {
-		ip, err := netip.ParseAddr(a)
-		if err != nil {
-			return nil, err
-		}
-		h.Steered = append(h.Steered, ip)
+	if h.Steered, err = parseAddrs(e.Steered); err != nil {
+		return nil, err
 	}
 	for _, g := range e.Groups {
 		m := ring.Membership{}
 		if m.Group, err = netip.ParseAddr(g.Group); err != nil {
 			return nil, err
 		}
-		for _, src := range g.Sources {
-			a, err := netip.ParseAddr(src)
-			if err != nil {
-				return nil, err
-			}
-			m.Sources = append(m.Sources, a)
+		if m.Sources, err = parseAddrs(g.Sources); err != nil {
+			return nil, err
 		}
 		h.Groups = append(h.Groups, m)
 	}
@@ -617,4 +609,17 @@ func seedEndpoint(ep *ring.Endpoint, c map[string]uint64) {
 			es.TXErrors.Add(v)
 		}
 	}
+}
+
+// parseAddrs parses a state document's address list (nil for none).
+func parseAddrs(ss []string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, a := range ss {
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ip)
+	}
+	return out, nil
 }

@@ -27,13 +27,7 @@ func reportTAP(o options, res map[string][]sample) {
 	if len(res["tx-ring-tap"]) == 0 && len(res["rx-ring-tap"]) == 0 {
 		return
 	}
-	dlv := func(s sample) float64 { return s.delivered }
-	m := func(c string) float64 {
-		if len(res[c]) == 0 {
-			return 0
-		}
-		return median(col(res[c], dlv)) / 1e6
-	}
+	m := func(c string) float64 { return deliveredMpps(res, c) }
 	for _, dir := range []string{"tx", "rx"} {
 		tap, afxdp, kernel := m(dir+"-ring-tap"), m(dir+"-ring"), m(dir+"-kernel")
 		if tap == 0 {
@@ -49,4 +43,13 @@ func ratioOrZero(a, b float64) float64 {
 		return 0
 	}
 	return a / b
+}
+
+// deliveredMpps is case c's median delivered rate in Mpps (0 when it did
+// not run): what the side-by-side reports compare.
+func deliveredMpps(res map[string][]sample, c string) float64 {
+	if len(res[c]) == 0 {
+		return 0
+	}
+	return median(col(res[c], func(s sample) float64 { return s.delivered })) / 1e6
 }

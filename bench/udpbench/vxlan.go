@@ -59,13 +59,7 @@ func reportVXLAN(o options, res map[string][]sample) {
 	if len(res["tx-ring-vxlan"]) == 0 && len(res["rx-ring-vxlan"]) == 0 {
 		return
 	}
-	dlv := func(s sample) float64 { return s.delivered }
-	m := func(c string) float64 {
-		if len(res[c]) == 0 {
-			return 0
-		}
-		return median(col(res[c], dlv)) / 1e6
-	}
+	m := func(c string) float64 { return deliveredMpps(res, c) }
 	for _, dir := range []string{"tx", "rx"} {
 		vx, plain, kvx := m(dir+"-ring-vxlan"), m(dir+"-ring"), m(dir+"-kernel-vxlan")
 		if vx == 0 {
