@@ -107,6 +107,7 @@ func (s *Steering) AddFlow(f qp.Flow) (err error) {
 		return fmt.Errorf("tap: %s: filter for %v: %w", ifc.name, f, err)
 	}
 	at.flows[f] = &flowFilter{handle: h, owner: s}
+	at.owners[s]++
 	at.used[h] = true
 	s.flows[f] = true
 	if err := ifc.syncFrag(fam, at); err != nil {
@@ -221,6 +222,9 @@ func (s *Steering) deleteLocked(f qp.Flow) error {
 	}
 	ff := at.flows[f]
 	delete(at.flows, f)
+	if at.owners[ff.owner]--; at.owners[ff.owner] == 0 {
+		delete(at.owners, ff.owner)
+	}
 	delete(at.used, ff.handle)
 	var errs []error
 	errs = append(errs, ifc.del(fam, ff.handle))

@@ -103,6 +103,10 @@ type addrTable struct {
 	ht    uint32 // hash table handle
 	slot  int
 	flows map[qp.Flow]*flowFilter
+	// owners counts the flows in flows per steering, so syncFrag finds a
+	// steering with flows here without walking them (100,000 flows on
+	// one address made every bind walk them all).
+	owners map[*Steering]int
 	// fragTo is the steering whose TAP receives the address's fragments
 	// (nil: no fragment filter installed; see syncFrag).
 	fragTo *Steering
@@ -221,7 +225,7 @@ func (ifc *iface) addrFor(fam *family, a netip.Addr) (*addrTable, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hash table for %v: %w", a, err)
 	}
-	at := &addrTable{addr: a, ht: ht, slot: slot, flows: map[qp.Flow]*flowFilter{}, used: map[uint32]bool{}}
+	at := &addrTable{addr: a, ht: ht, slot: slot, flows: map[qp.Flow]*flowFilter{}, owners: map[*Steering]int{}, used: map[uint32]bool{}}
 	fail := func(err error) (*addrTable, error) {
 		ifc.dropAddr(fam, at)
 		return nil, fmt.Errorf("filters for %v: %w", a, err)
@@ -251,23 +255,13 @@ func (ifc *iface) addrFor(fam *family, a netip.Addr) (*addrTable, error) {
 // current one while it qualifies), and to the kernel when there is none,
 // so a standby TAP path takes no fragments from the XDP path.
 func (ifc *iface) syncFrag(fam *family, at *addrTable) error {
-	qualifies := func(s *Steering) bool {
-		if s == nil || !s.active {
-			return false
-		}
-		for _, ff := range at.flows {
-			if ff.owner == s {
-				return true
-			}
-		}
-		return false
-	}
+	qualifies := func(s *Steering) bool { return s != nil && s.active && at.owners[s] > 0 }
 	want := at.fragTo
 	if !qualifies(want) {
 		want = nil
-		for _, ff := range at.flows {
-			if qualifies(ff.owner) {
-				want = ff.owner
+		for s := range at.owners {
+			if qualifies(s) {
+				want = s
 				break
 			}
 		}
