@@ -32,8 +32,8 @@ build-verbs: deps
 	$(GO) build -tags verbs -o $(BIN)/verbs/ ./cmd/bypassd ./cmd/bypassctl
 
 # test: everything CI checks (TestSocketsAtScale, 20 processes with 1,000
-# sockets each, runs without the race detector: with it, over ten
-# minutes). Privileged tests need root; under
+# sockets each, and TestTCPThousandConnections run without the race
+# detector: with it, minutes each). Privileged tests need root; under
 # BYPASSD_REQUIRE_PRIV=1 a missing privilege fails instead of skipping.
 # The verbs build (-tags verbs) runs its device-free tests and the provider
 # selection tests; its hardware tests skip without a ConnectX port
@@ -41,7 +41,7 @@ build-verbs: deps
 # BYPASSD_REQUIRE_PRIV says, since no CI machine has one.
 test: deps lint check-generated
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
-	$(GO) test -count=1 -timeout 10m -run '^TestSocketsAtScale$$' ./daemon/
+	$(GO) test -count=1 -timeout 10m -run '^(TestSocketsAtScale|TestTCPThousandConnections)$$' ./daemon/ ./socket/
 	$(GO) test -tags verbs -race -count=1 ./ring/provider/verbs/...
 	$(GO) test -tags verbs -race -count=1 -run 'Verbs|Provider' ./ring/ ./daemon/ ./daemon/config/
 	$(MAKE) -s test-chart
