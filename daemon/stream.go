@@ -228,6 +228,23 @@ func (ls *listener) take() *ring.TCPConn {
 	return c
 }
 
+// giveBack returns a connection take removed, as the oldest, to be
+// announced again.
+func (ls *listener) giveBack(c *ring.TCPConn) {
+	ls.mu.Lock()
+	if ls.closed {
+		ls.mu.Unlock()
+		c.Abort()
+		return
+	}
+	// The announced prefix keeps its length: the connection announced
+	// last moves out of it and the run loop announces it again, so the
+	// events in the queue match the connections waiting.
+	ls.ready = append([]*ring.TCPConn{c}, ls.ready...)
+	ls.mu.Unlock()
+	_ = ls.bell.Wake()
+}
+
 // close stops the goroutine, resets the connections nobody accepted and
 // stops listening.
 func (ls *listener) close() {
@@ -257,7 +274,10 @@ func (s *session) onAccept(h ctlproto.Header, k *socket, m *ctlproto.AcceptReq) 
 	}
 	n, err := s.newSocketFor(h, k.family, unix.SOCK_STREAM, m.QueueBytes)
 	if err != nil {
-		c.Abort()
+		// Over its budget the client fails as accept(2) does at the
+		// descriptor limit (EMFILE, ENOMEM), and the connection waits
+		// for a later ACCEPT, announced again.
+		k.stream.lis.giveBack(c)
 		return s.fail(h, err)
 	}
 	n.stream.ri = k.stream.ri

@@ -78,12 +78,12 @@ func (c *Client) daemonError(code ctlproto.Code, errno unix.Errno) error {
 		e.Hint = "the daemon no longer knows this socket; open a new one"
 	}
 	switch code.Request() {
-	case ctlproto.CodeOpen:
+	case ctlproto.CodeOpen, ctlproto.CodeAccept:
 		switch errno {
 		case unix.EMFILE:
-			e.Hint = fmt.Sprintf("this client already has the %d sockets bypassd allows; close some or raise the daemon's per-client limit", c.hello.MaxSockets)
+			e.Hint = fmt.Sprintf("this client already has the %d sockets bypassd allows; close some or raise the daemon's per-client limit (bypassd --max-sockets)", c.hello.MaxSockets)
 		case unix.ENOMEM:
-			e.Hint = "this client's shared-memory budget at bypassd is used up; close sockets, ask for smaller queues (ListenConfig.QueueBytes) or raise the daemon's limit"
+			e.Hint = "this client's shared-memory budget at bypassd is used up; close sockets, ask for smaller queues (ListenConfig.QueueBytes) or raise the daemon's limit (bypassd --max-queue-memory)"
 		case unix.EAFNOSUPPORT:
 			e.Hint = "bypassd accelerates no interface of this address family"
 		case unix.EINVAL:
