@@ -550,7 +550,7 @@ func (d *Daemon) adoptSocket(s *session, ks takeover.Socket, files *takeover.Fil
 	}
 	r := k.home.ring()
 	ep, err := r.AdoptEndpoint(h, &ring.Queues{TX: k.tx, RX: k.rx, QueueBytes: k.queueBytes,
-		Wake: ring.SessionWaker(m.sess, k.q.slot, m.wake), Lane: m.lane(r, ks.Ring), Slot: k.q.slot})
+		Wake: ring.SessionWaker(m.sess, k.q.slot, m.wake), Lane: m.lane(r, ks.Ring), Slot: k.q.slot, Activity: &s.changes})
 	if err != nil {
 		return nil, err
 	}

@@ -81,6 +81,7 @@ func (s *session) dropRing(ri *ringInfo) int {
 			dead = append(dead, k)
 		}
 	}
+	s.changes.Add(1)
 	s.pub.Unlock()
 	for _, k := range dead {
 		err := s.conn.Send(ctlproto.Header{Code: ctlproto.CodeSocketError, Socket: k.id},

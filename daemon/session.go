@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -53,6 +54,12 @@ type session struct {
 	closing map[*ring.Endpoint]struct{}
 	retired stats.SocketCounters
 	opened  uint64
+	// changes moves when anything the stats show of the session may have
+	// changed: the engines bump it (ring.Queues.Activity) when they count
+	// a datagram on one of its sockets, run after every request, close
+	// and retire when counters move to the totals. The stats publisher
+	// skips a client whose sessions' changes did not move.
+	changes atomic.Uint64
 
 	stopOnce sync.Once
 	// parked is closed when the session pauses for a takeover (set by
@@ -123,7 +130,9 @@ func (s *session) run() {
 			}
 			continue
 		}
-		if !s.handle(h, msg) {
+		ok := s.handle(h, msg)
+		s.changes.Add(1)
+		if !ok {
 			return
 		}
 	}
@@ -386,6 +395,7 @@ func (s *session) release() {
 	all := s.sockets
 	s.sockets = map[uint32]*socket{}
 	s.queueMem = 0
+	s.changes.Add(1)
 	eps := make([]*ring.Endpoint, 0, n)
 	for _, k := range all {
 		if k.ep != nil {

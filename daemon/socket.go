@@ -225,6 +225,7 @@ func (s *session) closeSocket(k *socket) {
 		s.mem.free(k.q)
 	}
 	delete(s.sockets, k.id)
+	s.changes.Add(1)
 	s.queueMem -= shmsess.SocketSpan(k.queueBytes)
 	s.log.Debug("socket closed", zap.Uint32("socket", k.id))
 }
@@ -272,7 +273,7 @@ func (s *session) bind(k *socket, addr netip.AddrPort, reuse bool) (netip.AddrPo
 	ep, err := r.Bind(addr, ring.BindOptions{ReuseAddr: reuse || k.reuseAddr,
 		Queues: &ring.Queues{TX: k.tx, RX: k.rx, QueueBytes: k.queueBytes,
 			Wake: ring.SessionWaker(s.mem.sess, k.q.slot, s.mem.wake),
-			Lane: s.mem.lane(r, s.d.ringIndex(ri)), Slot: k.q.slot}})
+			Lane: s.mem.lane(r, s.d.ringIndex(ri)), Slot: k.q.slot, Activity: &s.changes}})
 	if err != nil {
 		return netip.AddrPort{}, err
 	}

@@ -83,6 +83,15 @@ type clientStats struct {
 	// many sockets does not allocate them every interval.
 	blocks, sorted []stats.Socket
 	order          []int32
+	// seen is the sum of the sessions' changes read before the last full
+	// publication; fresh tells that one happened since the set of
+	// sessions last changed; queued that it found bytes in a queue (whose
+	// occupancy falls as the client reads, which moves no counter). With
+	// none of them calling for it, publish only touches the file: an idle
+	// client costs O(1) per interval, not O(sockets).
+	seen   uint64
+	fresh  bool
+	queued bool
 }
 
 // statsState is the daemon's stats publication (nil Writer: files off).
@@ -232,6 +241,7 @@ func (d *Daemon) joinClient(s *session, program string) {
 	}
 	c.mu.Lock()
 	c.sessions = append(c.sessions, s)
+	c.fresh = false
 	c.mu.Unlock()
 	s.client = c
 	if c.w != nil {
@@ -252,6 +262,7 @@ func (d *Daemon) leaveClient(s *session) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sessions = slices.DeleteFunc(c.sessions, func(x *session) bool { return x == s })
+	c.fresh = false
 	s.pub.Lock()
 	for i, v := range s.retired {
 		if !stats.SocketCounter(i).IsGauge() {
@@ -281,6 +292,7 @@ func (s *session) retire(ep *ring.Endpoint) {
 		s.retired[i] += v
 	}
 	delete(s.closing, ep)
+	s.changes.Add(1)
 }
 
 // endpointCounters adds an endpoint's counters into c.
@@ -430,7 +442,25 @@ func (c *clientStats) publish(d *Daemon) {
 	if c.w == nil {
 		return
 	}
+	var changes uint64
+	for _, s := range c.sessions {
+		changes += s.changes.Load()
+	}
+	if c.fresh && !c.zero && !c.queued && changes == c.seen {
+		if err := c.w.Touch(); err != nil {
+			d.log.Warn("cannot publish a client's stats", zap.Int("pid", c.pid), zap.Error(err))
+		}
+		return
+	}
+	c.seen, c.fresh = changes, true
 	v := c.view(d, true)
+	c.queued = false
+	for i := range v.sockets {
+		if v.sockets[i].Counters[stats.SockRXQueueBytes]|v.sockets[i].Counters[stats.SockTXQueueBytes] != 0 {
+			c.queued = true
+			break
+		}
+	}
 	if c.zero {
 		c.zero = false
 		c.resets++

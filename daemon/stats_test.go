@@ -212,11 +212,32 @@ func TestStatsCountPacketForPacket(t *testing.T) {
 	if snap.Client.Totals[stats.SockRXPackets] != 2 {
 		t.Errorf("totals after zeroing and 2 more: %v", snap.Client.Totals)
 	}
+	// Queued bytes show, and go once the client reads them (which moves
+	// no counter); an idle client's file keeps being published (its
+	// generation and time move) without its sockets' blocks changing.
+	for range 3 {
+		if _, err := peer.WriteToUDPAddrPort(make([]byte, 100), local2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFile(t, path, func(s *stats.Snapshot) bool { return s.Sockets[0].Counters[stats.SockRXQueueBytes] > 0 })
+	msgs := []sockq.Message{{Buf: make([]byte, 4096)}}
+	for i := range 3 {
+		if n, err := s2.conn.RecvBatch(msgs, deadline); n != 1 || err != nil {
+			t.Fatalf("receive queued datagram %d: %d %v", i, n, err)
+		}
+	}
+	idle := waitFile(t, path, func(s *stats.Snapshot) bool { return s.Sockets[0].Counters[stats.SockRXQueueBytes] == 0 })
+	later := waitFile(t, path, func(s *stats.Snapshot) bool { return s.Header.Generation > idle.Header.Generation+2 })
+	if !later.Header.Updated.After(idle.Header.Updated) || later.Sockets[0].Counters != idle.Sockets[0].Counters {
+		t.Errorf("idle client: updated %v then %v, counters %v then %v", idle.Header.Updated, later.Header.Updated,
+			idle.Sockets[0].Counters, later.Sockets[0].Counters)
+	}
 	m := l.d.metricsSnapshot()
-	if len(m.Clients) != 1 || m.Clients[0].Totals[stats.SockRXPackets] != 39 || m.Clients[0].PID != os.Getpid() || m.Clients[0].Sockets != 1 {
+	if len(m.Clients) != 1 || m.Clients[0].Totals[stats.SockRXPackets] != 42 || m.Clients[0].PID != os.Getpid() || m.Clients[0].Sockets != 1 {
 		t.Errorf("metrics (never zeroed): %+v", m.Clients)
 	}
-	if m.Rings[0].Counters[stats.RingRXPackets] != 39 || m.Daemon[stats.DaemonSocketsTotal] != 2 || m.Daemon[stats.DaemonSockets] != 1 {
+	if m.Rings[0].Counters[stats.RingRXPackets] != 42 || m.Daemon[stats.DaemonSocketsTotal] != 2 || m.Daemon[stats.DaemonSockets] != 1 {
 		t.Errorf("metrics rings %v daemon %v", m.Rings[0].Counters, m.Daemon)
 	}
 	// The daemon's own file zeroes separately.

@@ -44,6 +44,8 @@ type Endpoint struct {
 	// wake wakes the user: RX data for a waiting reader, TX room for a
 	// waiting writer.
 	wake Waker
+	// activity is Queues.Activity (nil: none); see noteActivity.
+	activity *atomic.Uint64
 	// lane and slot are where a client user announces TX work (nil lane:
 	// the user is in this process and announces through announce).
 	lane *Lane
@@ -168,6 +170,11 @@ type Queues struct {
 	// Lane and Slot are where the user announces TX work (AddLane).
 	Lane *Lane
 	Slot int
+	// Activity, if set, is bumped by the engine once per burst in which it
+	// counts anything in the endpoint's stats (datagrams received, dropped,
+	// sent or refused) or breaks it: a publisher of the counters of many
+	// endpoints sharing one Activity reads them again only when it moved.
+	Activity *atomic.Uint64
 }
 
 // BindUDP binds an in-process UDP endpoint to addr (see Bind).
@@ -281,6 +288,14 @@ func (r *Ring) Bind(addr netip.AddrPort, opts BindOptions) (_ *Endpoint, err err
 	return ep, nil
 }
 
+// noteActivity tells the endpoint's publisher (Queues.Activity) that its
+// counters moved.
+func (ep *Endpoint) noteActivity() {
+	if ep.activity != nil {
+		ep.activity.Add(1)
+	}
+}
+
 func familyName(ip netip.Addr) string {
 	if ip.Is4() {
 		return "IPv4"
@@ -298,7 +313,7 @@ func unmap(ap netip.AddrPort) netip.AddrPort {
 func (ep *Endpoint) initQueues(q *Queues, capacity int, fresh bool) error {
 	var err error
 	if q != nil {
-		ep.wake, ep.lane, ep.slot = q.Wake, q.Lane, q.Slot
+		ep.wake, ep.lane, ep.slot, ep.activity = q.Wake, q.Lane, q.Slot, q.Activity
 		attach := func(mem []byte) (*shmq.Queue, error) {
 			if fresh {
 				return shmq.AttachFresh(mem, q.QueueBytes)

@@ -619,6 +619,7 @@ func (e *engine) deliver(t *table, src, dst netip.AddrPort, vni uint32, payload 
 func (e *engine) publishTouched() {
 	for _, ep := range e.touched {
 		ep.touched = false
+		ep.noteActivity()
 		ep.stats.RXBatches.Add(1)
 		if ep.erx.Publish() {
 			ep.stats.RXWakeups.Add(1)
@@ -632,6 +633,7 @@ func (e *engine) publishTouched() {
 func (e *engine) enqueue(ep *Endpoint, h *dgram.Header, payload []byte) bool {
 	rec, err := ep.erx.Reserve(dgram.HeaderLen + len(payload))
 	if err != nil {
+		ep.noteActivity()
 		ep.stats.RXDropped.Add(1)
 		e.r.stats.RXQueueFull.Add(1)
 		return false
@@ -736,6 +738,7 @@ func (e *engine) drain(t *table, ep *Endpoint, budget int64) (n int, wire int64,
 			// A corrupt queue: stop serving this endpoint, the others
 			// go on.
 			if !ep.broken.Swap(true) {
+				ep.noteActivity()
 				r.log.Warn("endpoint TX queue corrupt; endpoint disabled", zap.Stringer("local", ep.local), zap.Error(err))
 				if ep.user != nil {
 					ep.user.Break(fmt.Errorf("TX queue: %w", err))
@@ -844,9 +847,12 @@ func (e *engine) drain(t *table, ep *Endpoint, budget int64) (n int, wire int64,
 		ep.etx.Advance()
 		n++
 	}
-	if n > 0 && ep.etx.Release() {
-		ep.stats.TXWakeups.Add(1)
-		_ = ep.wake.Wake()
+	if n > 0 {
+		ep.noteActivity()
+		if ep.etx.Release() {
+			ep.stats.TXWakeups.Add(1)
+			_ = ep.wake.Wake()
+		}
 	}
 	return n, wire, more, nil
 }

@@ -559,6 +559,7 @@ func (r *Ring) run() {
 		// rather than let them wait forever.
 		for _, ep := range r.endpoints() {
 			ep.broken.Store(true)
+			ep.noteActivity()
 			if ep.user != nil {
 				ep.user.Break(fmt.Errorf("ring %s/%d stopped: %w", r.cfg.Interface, r.cfg.Queue, err))
 			}

@@ -119,6 +119,19 @@ func TestRoundTripClient(t *testing.T) {
 	if got, err = r.Read(); err != nil || len(got.Sockets) != 1 || got.Header.Generation != 2 {
 		t.Fatalf("after shrinking: %+v %v", got, err)
 	}
+	// Touch: the same snapshot, taken later.
+	time.Sleep(2 * time.Millisecond)
+	if err := w.Touch(); err != nil {
+		t.Fatal(err)
+	}
+	touched, err := r.Read()
+	if err != nil || touched.Header.Generation != 3 || !touched.Header.Updated.After(got.Header.Updated) {
+		t.Fatalf("after Touch: %+v %v (before: %+v)", touched.Header, err, got.Header)
+	}
+	touched.Header.Updated, touched.Header.Generation = got.Header.Updated, got.Header.Generation
+	if !reflect.DeepEqual(touched, got) {
+		t.Errorf("Touch changed more than Updated:\n got %+v\nwant %+v", touched, got)
+	}
 }
 
 func TestRoundTripDaemon(t *testing.T) {
