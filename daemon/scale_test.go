@@ -24,6 +24,22 @@ import (
 // scaleSockets is how many sockets each echo-many child opens and binds.
 const scaleSockets = 1000
 
+// clientsPerAddr echo-many children bind to one address: the kernel's
+// ephemeral port range (32768–60999 by default) holds 28,232 ports per
+// address, so 100,000 sockets need several (see scaleAddrs).
+const clientsPerAddr = 20
+
+// scaleAddrs returns the addresses of A the clients bind to, client i to
+// the (i/clientsPerAddr)th: A's own, then more added for the test.
+func scaleAddrs(t *testing.T, l *lab, clients int) []netip.Addr {
+	t.Helper()
+	addrs := []netip.Addr{l.p.A.Addr4()}
+	for len(addrs)*clientsPerAddr < clients {
+		addrs = append(addrs, l.p.A.AddAddr4(t, byte(100+len(addrs))))
+	}
+	return addrs
+}
+
 // openFDs counts this process's descriptors (the daemon runs in it).
 func openFDs(t *testing.T) int {
 	t.Helper()
@@ -82,7 +98,7 @@ func pingPong(t *testing.T, r *ring.Ring, s *clientSocket, peer *net.UDPConn, n 
 
 // TestSocketsAtScale: 20 client processes with 1,000 bound sockets each.
 // Every socket gets one datagram from a kernel sender and answers it from
-// its own port; the daemon's descriptors grow per client (connection,
+// its own address and port; the daemon's descriptors grow per client (connection,
 // session memfd, client eventfd), not per socket (port reservations are
 // parked in io_uring file tables, one descriptor per 4,096), and 1,000
 // more unbound sockets cost none; one busy
@@ -91,7 +107,8 @@ func pingPong(t *testing.T, r *ring.Ring, s *clientSocket, peer *net.UDPConn, n 
 // endpoints, session memory).
 //
 // make test runs it without the race detector (which skips it);
-// make scale runs it with BYPASSD_SCALE_CLIENTS=100 (100,000 sockets).
+// make scale runs it with BYPASSD_SCALE_CLIENTS=100 (100,000 sockets on
+// five addresses, see clientsPerAddr).
 func TestSocketsAtScale(t *testing.T) {
 	if raceEnabled {
 		t.Skip("20,000 sockets under the race detector take over ten minutes: make test runs this test in a build without it")
@@ -134,33 +151,35 @@ func TestSocketsAtScale(t *testing.T) {
 		t.Errorf("%d unbound sockets cost the daemon %d descriptors", scaleSockets, grew)
 	}
 
+	addrs := scaleAddrs(t, l, clients)
 	fds0 := openFDs(t)
 	start := time.Now()
-	env := []string{envSocket + "=" + l.cfg.SocketPath, envAddr + "=" + l.p.A.Addr4().String()}
 	children := make([]*child, clients)
 	for i := range children {
+		env := []string{envSocket + "=" + l.cfg.SocketPath, envAddr + "=" + addrs[i/clientsPerAddr].String()}
 		children[i] = startChild(t, self, "echo-many", env, nil)
 	}
-	owner := map[uint16]int{}
-	var ports []uint16
+	seen := map[netip.AddrPort]bool{}
+	var ports []netip.AddrPort
 	for i, ch := range children {
 		for {
 			line := ch.line(t)
 			if line == "ready" {
 				break
 			}
-			p, err := strconv.Atoi(line)
+			p, err := strconv.ParseUint(line, 10, 16)
 			if err != nil {
 				t.Fatalf("child: %q (stderr: %s)", line, ch.err.String())
 			}
-			if _, dup := owner[uint16(p)]; dup {
-				t.Fatalf("port %d bound twice", p)
+			ap := netip.AddrPortFrom(addrs[i/clientsPerAddr], uint16(p))
+			if seen[ap] {
+				t.Fatalf("%v bound twice", ap)
 			}
-			owner[uint16(p)] = i
-			ports = append(ports, uint16(p))
+			seen[ap] = true
+			ports = append(ports, ap)
 		}
 	}
-	t.Logf("%d clients opened and bound %d sockets in %v", clients, len(ports), time.Since(start))
+	t.Logf("%d clients opened and bound %d sockets on %d addresses in %v", clients, len(ports), len(addrs), time.Since(start))
 	if len(ports) != clients*scaleSockets {
 		t.Fatalf("%d bound sockets, want %d", len(ports), clients*scaleSockets)
 	}
@@ -184,7 +203,7 @@ func TestSocketsAtScale(t *testing.T) {
 	sender := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
 	st := r.Stats()
 	rx0, tx0 := st.RXPackets.Load(), st.TXPackets.Load()
-	want := map[uint16]bool{}
+	want := map[netip.AddrPort]bool{}
 	buf := make([]byte, 64)
 	const window = 32
 	next := 0
@@ -193,7 +212,7 @@ func TestSocketsAtScale(t *testing.T) {
 		for ; next < len(ports) && len(want) < window; next++ {
 			p := ports[next]
 			want[p] = true
-			if _, err := sender.WriteToUDPAddrPort([]byte(fmt.Sprintf("to %d", p)), netip.AddrPortFrom(l.p.A.Addr4(), p)); err != nil {
+			if _, err := sender.WriteToUDPAddrPort([]byte(fmt.Sprintf("to %v", p)), p); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -202,10 +221,11 @@ func TestSocketsAtScale(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%d of %d sockets did not answer (%d outstanding): %v", len(ports)-next+len(want), len(ports), len(want), err)
 		}
-		if string(buf[:n]) != fmt.Sprintf("to %d", from.Port()) || !want[from.Port()] {
-			t.Fatalf("answer %q from port %d", buf[:n], from.Port())
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		if string(buf[:n]) != fmt.Sprintf("to %v", from) || !want[from] {
+			t.Fatalf("answer %q from %v", buf[:n], from)
 		}
-		delete(want, from.Port())
+		delete(want, from)
 	}
 	if drx, dtx := st.RXPackets.Load()-rx0, st.TXPackets.Load()-tx0; drx < uint64(len(ports)) || dtx < uint64(len(ports)) {
 		t.Fatalf("ring received %d and sent %d for %d echoes: not the fast path", drx, dtx, len(ports))

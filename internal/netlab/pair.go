@@ -484,3 +484,26 @@ func (p *Pair) Release() error {
 
 // Namespaces returns the names of the pair's namespaces (A, then B).
 func (p *Pair) Namespaces() (a, b string) { return p.A.NS.Name, p.B.NS.Name }
+
+// AddAddr4 gives the link one more IPv4 address in its /24, host part host
+// (not 1 or 2, the ends' own), and returns it; the address goes with the
+// namespace. Tests that bind more UDP ports than one address has ephemeral
+// ports use it.
+func (l *Link) AddAddr4(tb testing.TB, host byte) netip.Addr {
+	tb.Helper()
+	if host < 3 || host == 255 {
+		tb.Fatalf("netlab: AddAddr4: host part %d: want 3..254 (1 and 2 are the ends')", host)
+	}
+	a := l.IPv4.Addr().As4()
+	a[3] = host
+	pfx := netip.PrefixFrom(netip.AddrFrom4(a), l.IPv4.Bits())
+	nl := l.NS.Netlink()
+	link, err := nl.LinkByName(l.Name)
+	if err == nil {
+		err = nl.AddrAdd(link, &netlink.Addr{IPNet: prefixNet(pfx)})
+	}
+	if err != nil {
+		tb.Fatalf("netlab: add address %s to %s in %s: %v", pfx, l.Name, l.NS.Name, err)
+	}
+	return pfx.Addr()
+}
