@@ -56,7 +56,32 @@ func (l *lab) preloaded(ctx context.Context, env []string, name string, args ...
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+l.lib, "BYPASSD_SOCKET="+l.srv.SocketPath(),
 		"BYPASSD_REQUIRE=1", "BYPASSD_LOG_LEVEL=info")
 	cmd.Env = append(cmd.Env, env...)
+	cmd.Cancel = func() error {
+		dumpThreads(cmd.Process.Pid)
+		return cmd.Process.Kill()
+	}
 	return cmd
+}
+
+// dumpThreads prints where a preloaded program that overran its time is
+// stuck (each thread's stack, from gdb when it is installed), so that a
+// hang seen once in CI can be understood from its log.
+func dumpThreads(pid int) {
+	fmt.Fprintf(os.Stderr, "preloaded program %d overran its time; its threads:\n", pid)
+	if gdb, err := exec.LookPath("gdb"); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, gdb, "-batch", "-p", strconv.Itoa(pid), "-ex", "thread apply all bt").CombinedOutput()
+		fmt.Fprintf(os.Stderr, "%s (gdb: %v)\n", out, err)
+		return
+	}
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	for _, task := range tasks {
+		comm, _ := os.ReadFile(task + "/comm")
+		wchan, _ := os.ReadFile(task + "/wchan")
+		sys, _ := os.ReadFile(task + "/syscall")
+		fmt.Fprintf(os.Stderr, "%s %s wchan=%s syscall=%s\n", filepath.Base(task), strings.TrimSpace(string(comm)), wchan, strings.TrimSpace(string(sys)))
+	}
 }
 
 // counters are what proves the path: the ring's packet counters and the
