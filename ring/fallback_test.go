@@ -114,10 +114,13 @@ func TestPlugOutUnderLoad(t *testing.T) {
 
 	waitFor := func(what string, cond func(ring.FallbackStats) bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
+		// Whether the switch happens is judged here; how fast, below and
+		// in make bench (a plug-in loads the program again, which took
+		// over 10 s once at load ~30 on two vCPUs).
+		deadline := time.Now().Add(30 * time.Second)
 		for !cond(l.r.FallbackStats()) {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 10 s (%+v)", what, l.r.FallbackStats())
+				t.Fatalf("%s: not within 30 s (%+v)", what, l.r.FallbackStats())
 			}
 			time.Sleep(time.Millisecond)
 		}
