@@ -241,6 +241,53 @@ func TestConnectBindsImplicitly(t *testing.T) {
 	}
 }
 
+// TestQueuedBeforeBind: datagrams a client queues on a socket before it
+// binds it (announced while the engine knew no endpoint in that slot) go
+// out once it is bound, from its port, on the fast path. (Other binds do
+// not wake the engine: see Ring.Bind.)
+func TestQueuedBeforeBind(t *testing.T) {
+	t.Parallel()
+	l := newLab(t, config.Config{})
+	r := l.d.Rings()[0]
+	c := helloClient(t, l)
+	// A first bound socket: the ring knows the session's lane from then on.
+	if _, err := c.bind(openSocket(t, c, unix.AF_INET), netip.AddrPortFrom(l.p.A.Addr4(), 0), false); err != nil {
+		t.Fatal(err)
+	}
+	s := openSocket(t, c, unix.AF_INET)
+	peer := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	dst := peer.LocalAddr().(*net.UDPAddr).AddrPort()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, m := range []string{"early 1", "early 2"} {
+		if n, err := s.conn.SendBatch([][]byte{[]byte(m)}, dst, deadline); n != 1 || err != nil {
+			t.Fatalf("send %q before the bind: %d %v", m, n, err)
+		}
+	}
+	// The engine drains the announcement and finds no endpoint.
+	for c.cs.Announced(0) {
+		if time.Now().After(deadline) {
+			t.Fatal("the engine did not drain the announcement")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	tx0 := r.Stats().TXPackets.Load()
+	local, err := c.bind(s, netip.AddrPortFrom(l.p.A.Addr4(), 0), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	for _, m := range []string{"early 1", "early 2"} {
+		_ = peer.SetReadDeadline(deadline)
+		n, from, err := peer.ReadFromUDPAddrPort(buf)
+		if err != nil || string(buf[:n]) != m || from.Port() != local.Port() {
+			t.Fatalf("kernel receive: %q from %v, %v; want %q from %v", buf[:n], from, err, m, local)
+		}
+	}
+	if d := r.Stats().TXPackets.Load() - tx0; d != 2 {
+		t.Fatalf("ring sent %d datagrams for 2: not the fast path", d)
+	}
+}
+
 func TestMulticastMembership(t *testing.T) {
 	t.Parallel()
 	l := newLab(t, config.Config{})

@@ -264,15 +264,21 @@ func (e *engine) collect() {
 	}
 }
 
-// onSlot activates the endpoint of an announced slot of e.curLane; slots
-// that name none (a broken or hostile client, a socket being closed) are
-// ignored.
+// onSlot activates the endpoint of an announced slot of e.curLane. A slot
+// that names none wakes its waker (a stream socket's pump) or is marked
+// early: records queued before the bind, which the bind has visited (or a
+// broken or hostile client, a socket being closed).
 func (e *engine) onSlot(slot int) {
 	ep := e.curLane.endpoint(slot)
-	switch {
-	case ep == nil:
-		e.curLane.wake(slot)
-	case !ep.retired.Load():
+	if ep == nil {
+		if e.curLane.wake(slot) {
+			return
+		}
+		if ep = e.curLane.markEarly(slot); ep == nil {
+			return
+		}
+	}
+	if !ep.retired.Load() {
 		e.activate(ep)
 	}
 }

@@ -25,6 +25,10 @@ type Lane struct {
 	// whether to look.
 	wakers  sync.Map // int -> Waker
 	nWakers atomic.Int64
+	// early has a bit per slot announced while no endpoint was filed under
+	// it (records queued before the bind): the bind that files one there
+	// has the engine visit it; other binds leave a sleeping engine alone.
+	early []atomic.Uint64
 }
 
 const laneChunkSlots = 256
@@ -34,7 +38,9 @@ type laneChunk [laneChunkSlots]atomic.Pointer[Endpoint]
 // AddLane registers a session's lane block with the ring for slots 0 ..
 // slots-1. Close it when the session ends (after its endpoints).
 func (r *Ring) AddLane(ln *shmsess.Lane, slots int) *Lane {
-	l := &Lane{r: r, ln: ln, chunks: make([]atomic.Pointer[laneChunk], (slots+laneChunkSlots-1)/laneChunkSlots)}
+	chunks := (slots + laneChunkSlots - 1) / laneChunkSlots
+	l := &Lane{r: r, ln: ln, chunks: make([]atomic.Pointer[laneChunk], chunks),
+		early: make([]atomic.Uint64, chunks*laneChunkSlots/64)}
 	r.mu.Lock()
 	old := r.lanes.Load()
 	next := append(slices.Clone(*old), l)
@@ -84,14 +90,33 @@ func (l *Lane) SetWaker(slot int, w Waker) {
 	}
 }
 
-// wake wakes slot's waker, if it has one.
-func (l *Lane) wake(slot int) {
+// wake wakes slot's waker and reports whether it has one.
+func (l *Lane) wake(slot int) bool {
 	if l.nWakers.Load() == 0 {
-		return
+		return false
 	}
-	if w, ok := l.wakers.Load(slot); ok {
+	w, ok := l.wakers.Load(slot)
+	if ok {
 		_ = w.(Waker).Wake()
 	}
+	return ok
+}
+
+// markEarly notes that slot was announced with no endpoint filed under it
+// (see early) and returns the endpoint filed meanwhile, if any. The bit is
+// set before the endpoint is read and Bind files the endpoint before it
+// takes the bit (takeEarly), so one of the two visits it.
+func (l *Lane) markEarly(slot int) *Endpoint {
+	if w := slot / 64; w < len(l.early) {
+		l.early[w].Or(1 << (slot % 64))
+	}
+	return l.endpoint(slot)
+}
+
+// takeEarly clears slot's early bit and reports whether it was set.
+func (l *Lane) takeEarly(slot int) bool {
+	bit := uint64(1) << (slot % 64)
+	return l.early[slot/64].And(^bit)&bit != 0
 }
 
 func (l *Lane) valid(slot int) bool { return slot >= 0 && slot/laneChunkSlots < len(l.chunks) }

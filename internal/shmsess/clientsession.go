@@ -121,6 +121,10 @@ func (c *ClientSession) Socket(q QueueOffsets) (SocketQueues, error) {
 	return sq, nil
 }
 
+// Announced reports whether lane i's announce bitmap has bits the engine
+// has not drained yet (tests wait on it).
+func (c *ClientSession) Announced(lane int) bool { return c.s.Lane(lane).Pending() }
+
 // Forget stops waking slot's socket (after its CLOSE, or when it was never
 // used).
 func (c *ClientSession) Forget(slot int) { c.disp.Unregister(slot) }
