@@ -48,23 +48,24 @@ start_all=$(date +%s)
 
 # The empty daemon's lab (Z_*), then the loaded one (lab.sh's own).
 lab_add Z_
+# Local addresses of the loaded lab: IP4_A, then .101, .102, ... in its /24;
+# the empty lab gets as many, and its daemon the same options: the two
+# labs differ only in the idle sockets.
+addrs=("$IP4_A")
+while [ $((${#addrs[@]} * PER_ADDR)) -lt "$max" ]; do
+  host=$((100 + ${#addrs[@]}))
+  timeout 10 ip -n "$NS_A" addr add "${IP4_A%.*}.$host/24" dev "$IF_A"
+  timeout 10 ip -n "$Z_NS_A" addr add "${Z_IP4_A%.*}.$host/24" dev "$Z_IF_A"
+  addrs+=("${IP4_A%.*}.$host")
+done
+opts=(--rx-poll "$POLL" --engine-poll "$POLL" --max-sockets "$PER" --max-flows $((max + 10000)))
 z_tmp=$LAB_TMP/z
 mkdir -p "$z_tmp"
 NS_B=$Z_NS_B IP4_B=$Z_IP4_B LAB_TMP=$z_tmp lab_start_server
-NS_A=$Z_NS_A IF_A=$Z_IF_A LAB_TMP=$z_tmp BYPASSD_SOCK=$z_tmp/bypassd.sock \
-  lab_start_daemon --rx-poll "$POLL" --engine-poll "$POLL"
-z_pid=$lab_daemon_pid
+NS_A=$Z_NS_A IF_A=$Z_IF_A LAB_TMP=$z_tmp BYPASSD_SOCK=$z_tmp/bypassd.sock lab_start_daemon "${opts[@]}"
 lab_start_server
-lab_start_daemon --rx-poll "$POLL" --engine-poll "$POLL" --max-sockets "$PER" --max-flows $((max + 10000))
+lab_start_daemon "${opts[@]}"
 n_pid=$lab_daemon_pid
-
-# Local addresses of the loaded lab: IP4_A, then .101, .102, ... in its /24.
-addrs=("$IP4_A")
-while [ $((${#addrs[@]} * PER_ADDR)) -lt "$max" ]; do
-  a="${IP4_A%.*}.$((100 + ${#addrs[@]}))"
-  timeout 10 ip -n "$NS_A" addr add "$a/24" dev "$IF_A"
-  addrs+=("$a")
-done
 
 idle_pids=()
 # The idle clients are killed, not asked to close 1,000 sockets each: the
