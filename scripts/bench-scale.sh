@@ -22,7 +22,8 @@
 # Prints one row per point and the verdicts: the busy socket's msg/s and
 # p50 at the largest point within 10% of the empty daemon's (PASS, FAIL, or
 # INCONCLUSIVE when the empty daemon's own runs there spread more than 10%
-# around their median), and the loaded daemon's RSS <= 1 GiB. Labs, daemons
+# around their median or the A/A row at 0 idle sockets is off by more than
+# 10%), and the loaded daemon's RSS <= 1 GiB. Labs, daemons
 # and clients are removed on any exit, Ctrl-C included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -166,12 +167,25 @@ for r in "${rows[@]}"; do
       n, op, rss, fds, cpu, p50, p99, mps, zp50, zp99, zmps, p50/zp50, mps/zmps, load}'
 done
 echo
+# The A/A row (0 idle sockets, when measured): the two labs must agree
+# within 10% themselves, or no ratio says anything.
+read -r n0 _ _ _ _ ap50 _ amps azp50 _ azmps _ _ _ <<<"${rows[0]}"
+[ "$n0" = 0 ] || ap50=0
 read -r n _ rss _ _ p50 _ mps zp50 _ zmps sp50 smps _ <<<"${rows[-1]}"
-awk -v n="$n" -v p50="$p50" -v mps="$mps" -v zp50="$zp50" -v zmps="$zmps" -v sp50="$sp50" -v smps="$smps" 'BEGIN {
+awk -v n="$n" -v p50="$p50" -v mps="$mps" -v zp50="$zp50" -v zmps="$zmps" -v sp50="$sp50" -v smps="$smps" \
+  -v ap50="$ap50" -v amps="$amps" -v azp50="$azp50" -v azmps="$azmps" -v rounds="$ROUNDS" 'BEGIN {
   v = (mps/zmps >= 0.9 && p50/zp50 <= 1.1) ? "PASS" : "FAIL"
+  why = sprintf("the empty daemon'"'"'s runs spread %.0f%% and %.0f%% around their medians", 100*smps, 100*sp50)
   if (sp50 > 0.1 || smps > 0.1) v = "INCONCLUSIVE"
-  printf "%s: msg/s and p50 at %d idle sockets within 10%% of the empty daemon: msg/s ratio %.2f, p50 ratio %.2f (the empty daemon'"'"'s runs spread %.0f%% and %.0f%% around their medians)\n",
-    v, n, mps/zmps, p50/zp50, 100*smps, 100*sp50 }'
+  if (rounds < 3) { v = "INCONCLUSIVE"; why = why sprintf("; %d rounds, fewer than 3", rounds) }
+  if (ap50 > 0) {
+    why = why sprintf("; A/A at 0 idle sockets: msg/s ratio %.2f, p50 ratio %.2f", amps/azmps, ap50/azp50)
+    if (amps/azmps < 0.9 || amps/azmps > 1.1 || ap50/azp50 < 0.9 || ap50/azp50 > 1.1) v = "INCONCLUSIVE"
+  } else {
+    why = why "; no A/A row (POINTS without 0)"
+  }
+  printf "%s: msg/s and p50 at %d idle sockets within 10%% of the empty daemon: msg/s ratio %.2f, p50 ratio %.2f (%s)\n",
+    v, n, mps/zmps, p50/zp50, why }'
 if [ "$n" -ge 100000 ]; then
   awk -v rss="$rss" -v n="$n" 'BEGIN {printf "%s: daemon RSS <= 1 GiB at %d sockets: %d MiB\n", (rss <= 1024 ? "PASS" : "FAIL"), n, rss}'
 else
