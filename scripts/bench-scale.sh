@@ -19,7 +19,8 @@
 #   PAR      client processes opening their sockets at a time (default 4)
 #   POLL     engine and client spin in µs (default 50)
 #
-# Prints one row per point and the verdicts: the busy socket's msg/s and
+# Each run's figures go to stderr as it ends. Prints one row per point and
+# the verdicts: the busy socket's msg/s and
 # p50 at the largest point within 10% of the empty daemon's (PASS, FAIL, or
 # INCONCLUSIVE when the empty daemon's own runs there spread more than 10%
 # around their median or the A/A row at 0 idle sockets is off by more than
@@ -94,6 +95,7 @@ measure() {
   ip netns exec "$ns" env BYPASSD_SOCKET="$sock" timeout $((SECS + 30)) "$BIN/bypass-perf" --no-color \
     throughput -i "$ip" -p 11111 -m 64 -t "$SECS" >"$out.tp" 2>&1 || { cat "$out.tp" >&2; return 1; }
   echo "$(pct "$out.pp" 50.000) $(pct "$out.pp" 99.000) $(awk '/Message Rate is/ {for (i=1;i<=NF;i++) if ($i=="is") {print $(i+1); exit}}' "$out.tp")" >>"$out"
+  echo "  $2 idle sockets, $([ "$1" = z ] && echo empty || echo loaded) daemon: p50 p99 msg/s $(tail -1 "$out")" >&2
 }
 
 # col FILE K: the median of column K of FILE.
