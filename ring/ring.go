@@ -109,8 +109,8 @@ type Config struct {
 	// SkipRXChecksum disables UDP checksum verification of received
 	// datagrams (for NICs that verified them already).
 	SkipRXChecksum bool
-	// TCPCongestion is the TCP stack's congestion control: "reno" (the
-	// default) or "cubic" (see ring/tcpstack).
+	// TCPCongestion is the TCP stack's congestion control: "cubic" (the
+	// default) or "reno" (see ring/tcpstack).
 	TCPCongestion string
 	// ResolveTimeout bounds neighbour resolution for a new destination
 	// (default 3s).

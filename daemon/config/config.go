@@ -199,10 +199,8 @@ type Config struct {
 	// path only, like Provider "tap") or "none" (see ring.Fallback).
 	Fallback string
 
-	// TCPCongestion is the TCP stacks' congestion control: "reno" (the
-	// default) or "cubic". gVisor's CUBIC can lose its congestion window
-	// for good after a retransmission timeout under heavy loss (see
-	// docs/architecture.md, TCP), which is why it is not the default.
+	// TCPCongestion is the TCP stacks' congestion control: "cubic" (the
+	// default) or "reno".
 	TCPCongestion string
 
 	// Frames is the UMEM frame count of each ring (default 4096).

@@ -33,14 +33,11 @@ type Config struct {
 	// Wake is called when the stack queued outbound packets while the
 	// queue was empty: the engine should drain it (ring its doorbell).
 	Wake func()
-	// CongestionControl is "reno" (the default) or "cubic". Not CUBIC by
-	// default: gVisor's CUBIC (the pinned version) can set the congestion
-	// window to 0 for good. After a retransmission timeout its W_max is
-	// tiny, and in the concave region getCwnd moves cwnd towards a W_cubic
-	// below 1 per ACK and truncates to an int: cwnd 0, nothing more is
-	// sent, no ACK comes to raise it, no timer is armed. Measured: 2 of 8
-	// 3 MiB transfers at 5% loss stalled for good (cwnd 0, ssthresh 2),
-	// 0 of 20 with Reno (with SACK and RACK both).
+	// CongestionControl is "cubic" (the default) or "reno". gVisor
+	// before 2026-08 could set CUBIC's congestion window to 0 for good
+	// after a retransmission timeout (an ACK could lower cwnd below 1);
+	// the module in go.mod bounds the target at cwnd (RFC 9438 4.2).
+	// TestTCPLoss at 5% loss is the regression test.
 	CongestionControl string
 	// Log receives the stack's rare events (nil: none).
 	Log *zap.Logger
@@ -67,7 +64,7 @@ func New(cfg Config) (*Stack, error) {
 		return nil, fmt.Errorf("tcpstack: MTU %d is too small for TCP (at least 576)", cfg.MTU)
 	}
 	if cfg.CongestionControl == "" {
-		cfg.CongestionControl = "reno"
+		cfg.CongestionControl = "cubic"
 	}
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()

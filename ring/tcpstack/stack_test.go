@@ -51,7 +51,7 @@ func TestErrno(t *testing.T) {
 	}
 }
 
-// TestNew checks the stack's options: Reno by default, CUBIC on request,
+// TestNew checks the stack's options: CUBIC by default, Reno on request,
 // an unknown algorithm refused, SACK on.
 func TestNew(t *testing.T) {
 	for _, cc := range []string{"", "reno", "cubic"} {
@@ -65,7 +65,7 @@ func TestNew(t *testing.T) {
 		}
 		want := cc
 		if want == "" {
-			want = "reno"
+			want = "cubic"
 		}
 		if string(got) != want {
 			t.Errorf("%q: congestion control %q", cc, got)
