@@ -395,6 +395,12 @@ func TestSoak(t *testing.T) {
 			n := s.settle(5 * time.Second)
 			lostFlap += n
 			s.received.Add(n)
+			// The flap sent the flows to the TAP path; the plug-in that
+			// brings the program back waits for the link and a retry,
+			// which at load ~30 on two vCPUs outlasted the settling.
+			for t0 := time.Now(); len(xdpProgs()) != 1 && time.Since(t0) < 30*time.Second; {
+				time.Sleep(100 * time.Millisecond)
+			}
 		}
 		pid := l.d.cmd.Process.Pid
 		cur := sample{procFDs(pid), procRSS(pid)}
