@@ -7,7 +7,8 @@
 # `sockperf server --tcp`; the library's connection is carried by the
 # daemon's TCP stack), with spinning. Also bypass-perf --kernel under-load next to sockperf's (they must agree),
 # and the library's cost on a call it passes through (callcost). Prints
-# medians of RUNS runs. Needs root and `make build`.
+# medians of RUNS runs. PARTS picks the parts (default "udp tcp").
+# Needs root and `make build`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
@@ -15,11 +16,12 @@ SECS=${SECS:-3}
 SIZE=${SIZE:-64}
 POLL=${POLL:-50}
 MPS=${MPS:-50000}
+PARTS=${PARTS:-udp tcp}
+want() { [[ " $PARTS " == *" $1 "* ]]; }
 . scripts/lab.sh
 LIB="$(cd "$BIN" && pwd)/libbypassd.so"
 make -s -C socket/preload/c callcost COSTBIN="$LAB_TMP/callcost"
 
-lab_start_server
 SRV=(-i "$IP4_B" -p 11111 -m "$SIZE" -t "$SECS")
 
 # run NAME PATH ARGS...: one sockperf run in A, output in $LAB_TMP/NAME.
@@ -36,6 +38,9 @@ run() {
 rate() { awk '/Message Rate is/ {print $(NF-1); exit}' "$1"; }
 med() { local f=$1 p=$2; for i in $(seq "$RUNS"); do pct "$LAB_TMP/$f.$i" "$p"; done | median; }
 medrate() { for i in $(seq "$RUNS"); do rate "$LAB_TMP/$1.$i"; done | median; }
+
+if want udp; then
+lab_start_server
 
 for poll in "$POLL" 0; do
   lab_start_daemon --rx-poll "$poll" --engine-poll "$poll"
@@ -79,6 +84,9 @@ awk -v k="$k" -v p="$p" -v ku="$ku" -v pu="$pu" -v kt="$kt" -v pt="$pt" -v bu="$
   printf "throughput preload/kernel %.2f (target >= 2.00)\n", pt/kt
   printf "bypass-perf/sockperf under-load p50 on the kernel: %.2f (target 0.80..1.20)\n", bu/ku
 }'
+fi
+
+if want tcp; then
 # TCP: sockperf --tcp against a kernel `sockperf server --tcp` in B.
 ip netns exec "$NS_B" sockperf server --tcp -i "$IP4_B" -p 11112 >"$LAB_TMP/sockperf-tcp-server.log" 2>&1 &
 tcp_server_pid=$!
@@ -106,5 +114,6 @@ awk -v k="$(med tcp-kernel-pp 50.000)" -v p="$(med tcp-preload-pp 50.000)" \
   -v kt="$(medrate tcp-kernel-tp)" -v pt="$(medrate tcp-preload-tp)" 'BEGIN {
   printf "TCP ping-pong p50 preload/kernel %.2f (issue 15 target <= 1.00); throughput preload/kernel %.2f\n", p/k, pt/kt
 }'
+fi
 echo
 echo "pass-through call cost (fcntl on a TCP socket): $(LD_PRELOAD="$LIB" "$LAB_TMP/callcost") (target: added <= 20 ns)"

@@ -17,6 +17,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,7 +41,15 @@ func main() {
 	poll := flag.Duration("poll", 50*time.Microsecond, "spin time of the daemon's engine and its clients before sleeping")
 	connsFlag := flag.String("conns", "1,16,256", "connection counts of the transactions/s runs")
 	setups := flag.Int("setups", 300, "connections of the setup-rate run")
+	paths := flag.String("paths", "bypassd,ring,kernel", "paths to measure")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (client and daemon: one process) to this file")
+	traceFile := flag.String("trace", "", "write an execution trace of the whole run to this file (go tool trace)")
 	flag.Parse()
+	stop, err := profile(*cpuProfile, *traceFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tcpbench:", err)
+		os.Exit(1)
+	}
 	var conns []int
 	for _, f := range strings.Split(*connsFlag, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -49,13 +59,50 @@ func main() {
 		}
 		conns = append(conns, n)
 	}
-	if err := run(*dur, *size, *bulk, *poll, conns, *setups); err != nil {
+	err = run(*dur, *size, *bulk, *poll, conns, *setups, strings.Split(*paths, ","))
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "tcpbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dur time.Duration, size, bulk int, poll time.Duration, conns []int, setups int) error {
+// profile starts a CPU profile and an execution trace when asked; stop
+// ends them.
+func profile(cpu, tr string) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for _, f := range stops {
+			f()
+		}
+	}
+	start := func(name string, begin func(io.Writer) error, end func()) error {
+		f, err := os.Create(name)
+		if err != nil {
+			return err
+		}
+		if err := begin(f); err != nil {
+			f.Close()
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		stops = append(stops, func() { end(); f.Close() })
+		return nil
+	}
+	if cpu != "" {
+		if err := start(cpu, pprof.StartCPUProfile, pprof.StopCPUProfile); err != nil {
+			return nil, err
+		}
+	}
+	if tr != "" {
+		if err := start(tr, trace.Start, trace.Stop); err != nil {
+			stop()
+			return nil, err
+		}
+	}
+	return stop, nil
+}
+
+func run(dur time.Duration, size, bulk int, poll time.Duration, conns []int, setups int, paths []string) error {
 	if ok, why := netlab.Privileged(); !ok {
 		return fmt.Errorf("needs root: %s", why)
 	}
@@ -99,10 +146,7 @@ func run(dur time.Duration, size, bulk int, poll time.Duration, conns []int, set
 	go serve(srv, size)
 	addr := srv.Addr().(*net.TCPAddr).AddrPort()
 
-	dials := []struct {
-		name string
-		dial func() (net.Conn, error)
-	}{
+	dials := []dial{
 		{"bypassd", func() (net.Conn, error) {
 			conn, err := c.DialTCP("tcp4", netip.AddrPort{}, addr)
 			if err == nil {
@@ -128,6 +172,7 @@ func run(dur time.Duration, size, bulk int, poll time.Duration, conns []int, set
 			return conn, err
 		}},
 	}
+	dials = slices.DeleteFunc(dials, func(d dial) bool { return !slices.Contains(paths, d.name) })
 	fmt.Printf("%-8s %10s %10s %12s %14s %12s\n", "path", "p50 µs", "p99 µs", "trans/s", "bulk Gbit/s", "CPU s/GB")
 	for _, dl := range dials {
 		conn, err := dl.dial()
@@ -180,6 +225,12 @@ func run(dur time.Duration, size, bulk int, poll time.Duration, conns []int, set
 		fmt.Printf("%-8s %14.0f\n", dl.name, rate)
 	}
 	return nil
+}
+
+// dial is one path's way to open a connection to the server.
+type dial struct {
+	name string
+	dial func() (net.Conn, error)
 }
 
 // cpuTime is the process's user and system CPU time: the client and, for
@@ -312,16 +363,19 @@ func pingPong(conn net.Conn, size int, dur time.Duration) (p50, p99, tps float64
 		return 0, 0, 0, err
 	}
 	buf := make([]byte, size)
+	ctx := context.Background() // marks each round trip in a -trace
 	var rtts []time.Duration
 	start := time.Now()
 	for time.Since(start) < dur {
 		t0 := time.Now()
+		trace.Log(ctx, "rt", "write")
 		if _, err := conn.Write(buf); err != nil {
 			return 0, 0, 0, err
 		}
 		if _, err := io.ReadFull(conn, buf); err != nil {
 			return 0, 0, 0, err
 		}
+		trace.Log(ctx, "rt", "read")
 		rtts = append(rtts, time.Since(t0))
 	}
 	if len(rtts) == 0 {
