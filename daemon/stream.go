@@ -42,7 +42,7 @@ type streamState struct {
 	// announces the socket (after queueing TX records or freeing RX
 	// room), the stack's events ring it too. lane and slot are where the
 	// engine finds it; wake wakes the client (the session's events).
-	bell *shmq.Waiter
+	bell *tcpstack.Bell
 	lane *ring.Lane
 	slot int
 	wake ring.Waker
@@ -65,7 +65,7 @@ type listener struct {
 	l       *ring.TCPListener
 	rx      *shmq.Queue
 	rxWait  ring.Waker
-	bell    *shmq.Waiter
+	bell    *tcpstack.Bell
 	backlog int
 	stop    func()
 	done    chan struct{}
@@ -79,10 +79,7 @@ type listener struct {
 // streamOpen prepares a new stream socket's doorbell and files it under
 // the socket's slot on its lane.
 func (s *session) streamOpen(k *socket) error {
-	bell, err := shmq.NewWaiter()
-	if err != nil {
-		return fmt.Errorf("stream doorbell: %w", err)
-	}
+	bell := tcpstack.NewBell()
 	m := s.mem
 	lane := m.lane(k.home.ring(), s.d.ringIndex(k.home))
 	lane.SetWaker(k.q.slot, bell)
@@ -360,6 +357,9 @@ func (s *session) startPump(k *socket, c *ring.TCPConn, connecting bool) error {
 			giveBack(q)
 		}})
 	ref.p = st.pump
+	// The engine hands the client's announcements to the pump itself
+	// (Pump.Wake), not to its goroutine.
+	lane.SetWaker(slot, st.pump)
 	// The pump's end releases these now.
 	st.bell, k.lent = nil, true
 	return nil

@@ -104,6 +104,7 @@ func (e *engine) tcpReceive(frame []byte) bool {
 		return false
 	}
 	s.Deliver(frame[off:])
+	e.yieldDue = true
 	return true
 }
 

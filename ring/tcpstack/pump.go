@@ -3,6 +3,7 @@ package tcpstack
 import (
 	"bytes"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,7 +35,7 @@ type PumpConfig struct {
 	// Bell wakes the pump: the client rings it after publishing TX or
 	// releasing RX room (it is the socket's doorbell), the stack's
 	// events too.
-	Bell *shmq.Waiter
+	Bell *Bell
 	// Connecting: the endpoint's handshake is going on; the pump reports
 	// its end as a Connected or Error event before any data.
 	Connecting bool
@@ -67,7 +68,11 @@ type Pump struct {
 	done     chan struct{}
 	stats    PumpStats
 
-	// Pump goroutine only.
+	// mu serializes the work on the queues and the endpoint: the pump
+	// goroutine's and the engine's (Wake). It guards the fields below.
+	mu sync.Mutex
+	// stopped: the pump gave its queues back; Wake must not touch them.
+	stopped    bool
 	connecting bool
 	txOff      int  // bytes of the current TX data record already written
 	txBlocked  bool // the endpoint's send buffer is full
@@ -102,12 +107,46 @@ func (p *Pump) Abort() {
 	_ = p.cfg.Bell.Wake()
 }
 
+// Wake does the pump's work now, on the caller's goroutine, unless the
+// pump's goroutine is doing it: the engine calls it when the client
+// announces the socket (TX records queued, RX room freed), so the
+// client's bytes go into the stack, and its segments are queued for the
+// engine, within the engine's pass, without waking the pump's goroutine
+// and waiting for it (two goroutine hand-offs per request otherwise).
+// What the pump's goroutine has to watch afterwards (a full RX queue or
+// send buffer, a broken queue, a close) wakes it.
+func (p *Pump) Wake() error {
+	if p.finish.Load() || p.abort.Load() || !p.mu.TryLock() {
+		return p.cfg.Bell.Wake()
+	}
+	if p.stopped {
+		p.mu.Unlock()
+		return nil
+	}
+	_, corrupt := p.step()
+	watch := corrupt || p.rxWant > 0 || p.txBlocked
+	// The client's announcement consumed the TX queue's waiting flag; a
+	// sleeping pump goroutine relies on it for the next one, so arm it
+	// again (records that came in between are the goroutine's).
+	if p.sleeping.Load() && p.cfg.TX.ArmReadWait() && !p.connecting {
+		watch = true
+	}
+	p.mu.Unlock()
+	if watch {
+		return p.cfg.Bell.Wake()
+	}
+	return nil
+}
+
 // Wait waits until the pump stopped.
 func (p *Pump) Wait() { <-p.done }
 
 func (p *Pump) run() {
 	abort := true
 	defer func() {
+		p.mu.Lock()
+		p.stopped = true
+		p.mu.Unlock()
 		close(p.done)
 		p.cfg.Done(abort)
 	}()
@@ -123,7 +162,10 @@ func (p *Pump) run() {
 		if p.abort.Load() {
 			return
 		}
+		p.mu.Lock()
 		work, corrupt := p.step()
+		drained := !p.cfg.TX.Readable() || p.wrFailed
+		p.mu.Unlock()
 		if corrupt {
 			return
 		}
@@ -131,7 +173,7 @@ func (p *Pump) run() {
 			if finishBy.IsZero() {
 				finishBy = time.Now().Add(finishTimeout)
 			}
-			if !p.cfg.TX.Readable() || p.wrFailed {
+			if drained {
 				abort = false
 				return
 			}
@@ -153,6 +195,7 @@ func (p *Pump) sleep(finishing bool) {
 	tx, rx := p.cfg.TX, p.cfg.RX
 	p.sleeping.Store(true)
 	defer p.sleeping.Store(false)
+	p.mu.Lock()
 	ready := tx.ArmReadWait() && !p.txBlocked && !p.connecting
 	if p.rxWant > 0 && rx.ArmWriteWait(p.rxWant) {
 		ready = true
@@ -161,6 +204,7 @@ func (p *Pump) sleep(finishing bool) {
 		p.connecting && !p.ep.Connecting() || p.finish.Load() && !finishing || p.abort.Load() {
 		ready = true
 	}
+	p.mu.Unlock()
 	if !ready {
 		var deadline time.Time
 		if finishing {
@@ -168,8 +212,10 @@ func (p *Pump) sleep(finishing bool) {
 		}
 		_ = p.cfg.Bell.Wait(deadline)
 	}
+	p.mu.Lock()
 	tx.DisarmReadWait()
 	rx.DisarmWriteWait()
+	p.mu.Unlock()
 }
 
 // readable reports whether the endpoint has something for the client
