@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
 	"runtime/trace"
@@ -44,7 +45,17 @@ func main() {
 	paths := flag.String("paths", "bypassd,ring,kernel", "paths to measure")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (client and daemon: one process) to this file")
 	traceFile := flag.String("trace", "", "write an execution trace of the whole run to this file (go tool trace)")
+	serveFD := flag.Bool("serve-fd3", false, "internal: be the echo server on the listening socket passed as fd 3")
 	flag.Parse()
+	if *serveFD {
+		l, err := net.FileListener(os.NewFile(3, "listener"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "tcpbench server:", err)
+			os.Exit(1)
+		}
+		serve(l.(*net.TCPListener), *size)
+		return
+	}
 	stop, err := profile(*cpuProfile, *traceFile)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tcpbench:", err)
@@ -143,7 +154,11 @@ func run(dur time.Duration, size, bulk int, poll time.Duration, conns []int, set
 		return err
 	}
 	defer srv.Close()
-	go serve(srv, size)
+	stopServer, err := startServer(srv, size)
+	if err != nil {
+		return err
+	}
+	defer stopServer()
 	addr := srv.Addr().(*net.TCPAddr).AddrPort()
 
 	dials := []dial{
@@ -321,6 +336,34 @@ func setupRate(dial func() (net.Conn, error), n, size int) (float64, int, error)
 		c.Close()
 	}
 	return float64(n) / time.Since(start).Seconds(), n, nil
+}
+
+// startServer runs the echo server (serve) on l in a child process: in
+// this process its goroutines would wait for the Go network poller, which
+// the daemon's spinning engine and clients starve (a request then sat
+// 100 µs or more at the server in a trace), and would compete with the
+// daemon for the same two Ps. The listening socket was made in namespace
+// B and stays there.
+func startServer(l *net.TCPListener, size int) (stop func(), err error) {
+	f, err := l.File()
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe, "-serve-fd3", "-size", strconv.Itoa(size))
+	cmd.ExtraFiles = []*os.File{f}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start the echo server: %w", err)
+	}
+	return func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}, nil
 }
 
 // serve answers each connection: the first byte says what it is ('p':
