@@ -634,6 +634,19 @@ func (fp *fallbackProvider) AllocTX(frames []qp.Frame) int {
 	return n
 }
 
+// AllocTSO takes a large-packet buffer from the fast path when its device
+// segments in hardware (qp.Segmenter); on the TAP the engine cuts large
+// packets in software.
+func (fp *fallbackProvider) AllocTSO(f *qp.Frame, size, hdr int) bool {
+	act := fp.active()
+	s, ok := act.(qp.Segmenter)
+	if act == fp.tap || !ok || !s.AllocTSO(f, size, hdr) {
+		return false
+	}
+	fp.txOut++
+	return true
+}
+
 func (fp *fallbackProvider) FreeTX(frames []qp.Frame) {
 	t, p := fp.split(frames)
 	if len(t) > 0 {
@@ -738,6 +751,7 @@ func (fp *fallbackProvider) Stats() qp.Stats {
 		st.RXBadChains += ps.RXBadChains
 		st.RXChains += ps.RXChains
 		st.TXChains += ps.TXChains
+		st.TXTSOPackets += ps.TXTSOPackets
 	}
 	return st
 }

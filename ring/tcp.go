@@ -130,15 +130,17 @@ func ipOffset(frame []byte) int {
 
 // tcpTransmit builds frames for the stack's outbound packets: next hop
 // from the same cache as UDP, Ethernet header in front, a large (TSO)
-// packet cut into frames of one MSS (tcpstack.Packet). A packet to a next
-// hop being resolved stops the batch (the resolution wakes the engine), as
-// does a lack of send buffers for all of a packet's frames.
+// packet cut into frames of one MSS (tcpstack.Packet) unless the provider
+// segments it in hardware (qp.Segmenter). A packet to a next hop being
+// resolved stops the batch (the resolution wakes the engine), as does a
+// lack of send buffers for all of a packet's frames.
 func (e *engine) tcpTransmit() (int, error) {
 	s := e.r.tcp.stack.Load()
 	if s == nil {
 		return 0, nil
 	}
 	r := e.r
+	seg, _ := r.prov.(qp.Segmenter)
 	e.r.tcp.stalled = false
 	var postErr error
 	n := s.Outbound(func(p *tcpstack.Packet) bool {
@@ -164,15 +166,14 @@ func (e *engine) tcpTransmit() (int, error) {
 				return false
 			}
 		}
+		if frames > 1 && seg != nil && e.sendLarge(seg, p, d) {
+			return true
+		}
 		base := len(e.tx)
 		if got := e.allocTX(e.tx[base:base+frames], 14+p.FrameLen(0)); got < frames {
 			r.prov.FreeTX(e.tx[base : base+got])
 			r.stats.TXNoBuffer.Add(1)
 			return false
-		}
-		et := uint16(0x0800)
-		if p.IP[0]>>4 == 6 {
-			et = 0x86dd
 		}
 		e.tx = e.tx[:base+frames]
 		for i := range frames {
@@ -185,9 +186,7 @@ func (e *engine) tcpTransmit() (int, error) {
 				return true
 			}
 			b := fr.Buf[:l]
-			copy(b[0:6], d.next.DstMAC)
-			copy(b[6:12], d.next.SrcMAC)
-			binary.BigEndian.PutUint16(b[12:], et)
+			putEthernet(b, d, p.IP)
 			p.Build(i, b[14:])
 			fr.Buf = b
 			fr.SendQueue = 0
@@ -198,6 +197,43 @@ func (e *engine) tcpTransmit() (int, error) {
 		return true
 	})
 	return n, postErr
+}
+
+// sendLarge hands a large packet to a provider that segments it in
+// hardware, in one buffer and as the stack built it (tcpstack.Packet.Large
+// says what the device fills in); false when the provider cannot take it
+// and the engine cuts it in software. The ring's counters count the frames
+// the device puts on the wire, as for software segmentation.
+func (e *engine) sendLarge(seg qp.Segmenter, p *tcpstack.Packet, d *dest) bool {
+	mss, hdr, ok := p.Large()
+	if !ok {
+		return false
+	}
+	size := 14 + len(p.IP)
+	var f qp.Frame
+	if !seg.AllocTSO(&f, size, 14+hdr) {
+		return false
+	}
+	b := f.Buf[:size]
+	putEthernet(b, d, p.IP)
+	copy(b[14:], p.IP)
+	f.Buf, f.MSS, f.HeaderLen, f.SendQueue = b, uint16(mss), uint16(14+hdr), 0
+	e.tx = append(e.tx, f)
+	frames := p.Frames()
+	e.r.stats.TCPTXPackets.Add(uint64(frames))
+	e.r.stats.TCPTXBytes.Add(uint64(len(p.IP) + (frames-1)*hdr))
+	return true
+}
+
+// putEthernet writes the Ethernet header of an IP packet to next hop d.
+func putEthernet(b []byte, d *dest, ip []byte) {
+	et := uint16(0x0800)
+	if ip[0]>>4 == 6 {
+		et = 0x86dd
+	}
+	copy(b[0:6], d.next.DstMAC)
+	copy(b[6:12], d.next.SrcMAC)
+	binary.BigEndian.PutUint16(b[12:], et)
 }
 
 // tcpPending reports whether the stack has packets the engine can send now.

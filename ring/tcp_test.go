@@ -265,13 +265,22 @@ func capture(t *testing.T, l *netlab.Link) (stop func() [][]byte) {
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // TestTCPTSO: the ring's stack hands the engine TCP segments of up to
-// 64 KiB and the engine cuts them into frames: at the peer (an AF_PACKET
-// capture in its namespace, GRO off) every TCP frame of a 4 MiB transfer
-// fits the MTU and has correct IP and TCP checksums, the kernel counted no
-// checksum error, and the transfer is byte-exact.
+// 64 KiB and the engine cuts them into frames (software TSO), or, with a
+// provider that segments in hardware (qp.Segmenter: the verbs provider on
+// a ConnectX, here a model of such a NIC in front of AF_XDP), hands it
+// each large packet whole: at the peer (an AF_PACKET capture in its
+// namespace, GRO off) every TCP frame of a 4 MiB transfer fits the MTU and
+// has correct IP and TCP checksums, the kernel counted no checksum error,
+// and the transfer is byte-exact.
 func TestTCPTSO(t *testing.T) {
 	netlab.RequirePriv(t)
-	l := newLab(t, ring.Config{})
+	for _, prov := range []string{ring.DefaultProvider, segmentingName} {
+		t.Run(prov, func(t *testing.T) { testTCPTSO(t, prov) })
+	}
+}
+
+func testTCPTSO(t *testing.T, provider string) {
+	l := newLab(t, ring.Config{Provider: provider})
 	p := l.p
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -285,6 +294,7 @@ func TestTCPTSO(t *testing.T) {
 		}
 		csum0 := p.B.NS.TCPStat(t, "InCsumErrors")
 		st0 := l.r.TCPStats()
+		hw0 := l.r.ProviderStats().TXTSOPackets
 		kl := p.B.NS.ListenTCP(t, netip.AddrPortFrom(bAddr, 0))
 		reply := payload(5, 1000)
 		errc := make(chan error, 1)
@@ -340,7 +350,14 @@ func TestTCPTSO(t *testing.T) {
 		if n := p.B.NS.TCPStat(t, "InCsumErrors") - csum0; n != 0 {
 			t.Errorf("v6=%v: the peer's kernel counted %d TCP checksum errors", v6, n)
 		}
-		t.Logf("v6=%v: %d large packets became %d frames; captured %d frames, %d payload bytes", v6, tso, tsoFrames, len(frames), data)
+		hw := l.r.ProviderStats().TXTSOPackets - hw0
+		if provider == segmentingName && hw == 0 {
+			t.Errorf("v6=%v: the provider segments in hardware and got no large packet", v6)
+		}
+		if provider != segmentingName && hw != 0 {
+			t.Errorf("v6=%v: %d large packets handed to a provider that does not segment", v6, hw)
+		}
+		t.Logf("v6=%v: %d large packets became %d frames (%d of them cut by the device); captured %d frames, %d payload bytes", v6, tso, tsoFrames, hw, len(frames), data)
 	}
 }
 

@@ -48,6 +48,13 @@ type Frame struct {
 	// provider's default, unpaced queue. Providers without RateLimiter
 	// ignore it.
 	SendQueue int
+	// MSS, on TX, marks a large TCP packet in a buffer from
+	// Segmenter.AllocTSO: the device cuts its payload into segments of MSS
+	// bytes and puts a copy of its first HeaderLen bytes (Ethernet, IP and
+	// TCP headers) in front of each, with that segment's lengths, sequence
+	// number, flags and checksums. 0: Buf is one frame as it goes on the
+	// wire.
+	MSS, HeaderLen uint16
 }
 
 // Caps describes what a provider instance can do. Fields that later features
@@ -115,6 +122,9 @@ type Stats struct {
 	// RXChains and TXChains count frames that travelled as descriptor
 	// chains (more than one buffer).
 	RXChains, TXChains uint64
+	// TXTSOPackets counts large TCP packets the device segmented
+	// (Segmenter): each went on the wire as several frames.
+	TXTSOPackets uint64
 }
 
 // Provider is a raw queue pair on one (interface, queue): a receive ring
@@ -176,6 +186,20 @@ type RateLimit struct {
 // engine pace that endpoint in software on the default queue.
 type RateLimiter interface {
 	SetRateLimit(sendQueue int, rl RateLimit) error
+}
+
+// Segmenter is implemented by providers whose device segments large TCP
+// packets itself (TSO, called LSO on RDMA devices). The engine hands such a
+// provider one buffer per large packet instead of cutting it into frames in
+// software; the packet goes through TXBurst and FreeTX like any frame.
+type Segmenter interface {
+	// AllocTSO takes a send buffer for one large TCP packet of size bytes
+	// (from the Ethernet header on) whose headers take hdr bytes, into f
+	// (f.Buf holds at least size bytes). false means not this one: the
+	// device has no segmentation now, the packet or its headers are larger
+	// than it takes, or no large buffer is free; the engine then cuts the
+	// packet in software.
+	AllocTSO(f *Frame, size, hdr int) bool
 }
 
 // DeviceMemory is implemented by providers that can stage egress frames in

@@ -72,6 +72,19 @@ func (p *Packet) Frames() int {
 	return (payload + p.mss - 1) / p.mss
 }
 
+// Large reports whether the packet is a large TCP segment (more than one
+// frame) and returns its MSS and the length of its IP and TCP headers, for
+// a device that segments in hardware. Such a device takes IP as it is: the
+// IPv4 total length and header checksum of the whole packet, and in the
+// TCP checksum field the pseudo-header sum over the whole segment (with
+// NeedsCsum, what Linux hands a NIC with TSO); it writes each segment's.
+func (p *Packet) Large() (mss, hdr int, ok bool) {
+	if p.mss == 0 {
+		return 0, 0, false
+	}
+	return p.mss, p.ipLen + p.tcpLen, true
+}
+
 // FrameLen returns the IP length of frame i.
 func (p *Packet) FrameLen(i int) int {
 	if p.mss == 0 {

@@ -10,6 +10,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/bypassd/bypassd/internal/tsomodel"
 )
 
 // TestCopySum checks the one-pass copy and sum against gVisor's checksum
@@ -147,6 +149,50 @@ func TestSegment(t *testing.T) {
 				t.Fatalf("%v size %d: payloads differ", fam.src, size)
 			}
 		}
+	}
+}
+
+// TestLargeForDevice: what a device that segments in hardware is handed
+// (the packet as the stack built it, its MSS and header length), cut the
+// way such a device cuts it (internal/tsomodel), is byte for byte what
+// software segmentation puts on the wire.
+func TestLargeForDevice(t *testing.T) {
+	const mss = 1448
+	for _, fam := range []struct{ src, dst netip.Addr }{
+		{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")},
+		{netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8::2")},
+	} {
+		for _, size := range []int{mss + 1, 10 * mss, 44*mss - 7} {
+			payload := make([]byte, size)
+			for i := range payload {
+				payload[i] = byte(i*13 + size)
+			}
+			flags := header.TCPFlagAck | header.TCPFlagPsh | header.TCPFlagFin | header.TCPFlagCwr
+			pkt := tcpPacket(fam.src, fam.dst, flags, payload)
+			orig := bytes.Clone(pkt)
+			p := newPacket(pkt, mss, true)
+			gotMSS, hdr, ok := p.Large()
+			if !ok || gotMSS != mss || hdr != len(pkt)-size {
+				t.Fatalf("%v size %d: Large() = %d, %d, %v; want %d, %d, true", fam.src, size, gotMSS, hdr, ok, mss, len(pkt)-size)
+			}
+			if n := tsomodel.Segments(len(pkt), hdr, mss); n != p.Frames() {
+				t.Fatalf("%v size %d: the device makes %d segments, software %d", fam.src, size, n, p.Frames())
+			}
+			for i := range p.Frames() {
+				sw, hw := make([]byte, 2000), make([]byte, 2000)
+				n, m := p.Build(i, sw), tsomodel.Segment(hw, pkt, hdr, mss, i)
+				if !bytes.Equal(sw[:n], hw[:m]) {
+					t.Fatalf("%v size %d: segment %d differs:\n software % x\n device   % x", fam.src, size, i, sw[:n], hw[:m])
+				}
+			}
+			if !bytes.Equal(pkt, orig) {
+				t.Fatal("building frames changed the packet")
+			}
+		}
+	}
+	small := newPacket(tcpPacket(netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2"), header.TCPFlagAck, make([]byte, mss)), mss, true)
+	if _, _, ok := small.Large(); ok {
+		t.Fatal("a one-frame packet reported as large")
 	}
 }
 

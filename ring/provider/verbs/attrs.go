@@ -29,6 +29,10 @@ const (
 
 	sendSignaled = 1 << 1 // enum ibv_send_flags
 	sendInline   = 1 << 3
+	sendIPCsum   = 1 << 4
+
+	wrSend = 2 // enum ibv_wr_opcode
+	wrTSO  = 10
 
 	wcSuccess    = 0 // enum ibv_wc_status
 	wcFlushError = 5

@@ -217,12 +217,16 @@ static int bpd_async_event(struct ibv_context *ctx, int *type) {
 }
 
 struct bpd_qp_init {
-	uint32_t sq, rq, sge, inline_data;
+	uint32_t sq, rq, sge, inline_data, tso_header;
 };
 
+// bpd_create_qp creates a raw packet QP; with tso_header, one that takes
+// large sends (IBV_WR_TSO) whose headers are up to that many bytes, which
+// only the extended call can ask for (the send queue's entries are sized
+// for the headers copied into them).
 static int bpd_create_qp(struct ibv_pd *pd, struct ibv_cq_ex *scq, struct ibv_cq_ex *rcq,
 		struct bpd_qp_init *in, struct ibv_qp **out) {
-	struct ibv_qp_init_attr a;
+	struct ibv_qp_init_attr_ex a;
 	memset(&a, 0, sizeof(a));
 	a.send_cq = ibv_cq_ex_to_cq(scq);
 	a.recv_cq = ibv_cq_ex_to_cq(rcq);
@@ -232,8 +236,14 @@ static int bpd_create_qp(struct ibv_pd *pd, struct ibv_cq_ex *scq, struct ibv_cq
 	a.cap.max_recv_sge = in->rq ? in->sge : 0;
 	a.cap.max_inline_data = in->inline_data;
 	a.qp_type = IBV_QPT_RAW_PACKET;
+	a.comp_mask = IBV_QP_INIT_ATTR_PD;
+	a.pd = pd;
+	if (in->tso_header) {
+		a.comp_mask |= IBV_QP_INIT_ATTR_MAX_TSO_HEADER;
+		a.max_tso_header = in->tso_header;
+	}
 	errno = 0;
-	*out = ibv_create_qp(pd, &a);
+	*out = ibv_create_qp_ex(pd->context, &a);
 	if (!*out)
 		return errno ? errno : ENOMEM;
 	// The device may grant more inline space than asked; report it.
@@ -295,14 +305,66 @@ static int bpd_post_recv(struct ibv_qp *qp, uint32_t lkey, uint64_t base, const 
 	return 0;
 }
 
-// bpd_send is one send work request as Go prepared it.
+// bpd_send is one send work request as Go prepared it; mss > 0 makes it a
+// large send whose first hdr_sz bytes are the headers.
 struct bpd_send {
 	uint64_t addr;
 	uint64_t wr_id;
 	uint32_t len;
 	uint32_t lkey;
 	uint32_t flags;
+	uint16_t mss, hdr_sz;
 };
+
+// bpd_fill_send builds the work request of x. A large send (IBV_WR_TSO)
+// names its headers by address (the provider copies them into the send
+// queue entry during ibv_post_send, so the buffer's own copy serves) and
+// gathers the payload after them; the device cuts the payload into mss-byte
+// segments behind a copy of the headers.
+static void bpd_fill_send(struct ibv_send_wr *wr, struct ibv_sge *sge, const struct bpd_send *x) {
+	memset(wr, 0, sizeof(*wr));
+	sge->addr = x->addr;
+	sge->length = x->len;
+	sge->lkey = x->lkey;
+	wr->wr_id = x->wr_id;
+	wr->sg_list = sge;
+	wr->num_sge = 1;
+	wr->opcode = IBV_WR_SEND;
+	wr->send_flags = x->flags;
+	if (x->mss) {
+		wr->opcode = IBV_WR_TSO;
+		wr->tso.hdr = (void *)(uintptr_t)x->addr;
+		wr->tso.hdr_sz = x->hdr_sz;
+		wr->tso.mss = x->mss;
+		sge->addr = x->addr + x->hdr_sz;
+		sge->length = x->len - x->hdr_sz;
+	}
+}
+
+// bpd_send_view is what bpd_fill_send put in the verbs.h structs, read
+// back by field name, for the Go tests.
+struct bpd_send_view {
+	uint64_t wr_id, sge_addr, tso_hdr;
+	uint32_t opcode, send_flags, sge_len, sge_lkey;
+	int32_t num_sge;
+	uint16_t tso_hdr_sz, tso_mss;
+};
+
+static void bpd_view_send(const struct bpd_send *x, struct bpd_send_view *v) {
+	struct ibv_send_wr wr;
+	struct ibv_sge sge;
+	bpd_fill_send(&wr, &sge, x);
+	v->wr_id = wr.wr_id;
+	v->opcode = wr.opcode;
+	v->send_flags = wr.send_flags;
+	v->num_sge = wr.num_sge;
+	v->sge_addr = wr.sg_list->addr;
+	v->sge_len = wr.sg_list->length;
+	v->sge_lkey = wr.sg_list->lkey;
+	v->tso_hdr = (uint64_t)(uintptr_t)wr.tso.hdr;
+	v->tso_hdr_sz = wr.tso.hdr_sz;
+	v->tso_mss = wr.tso.mss;
+}
 
 static int bpd_post_send(struct ibv_qp *qp, const struct bpd_send *s, int n, int *posted) {
 	struct ibv_send_wr wr[BPD_CHAIN], *bad;
@@ -311,16 +373,7 @@ static int bpd_post_send(struct ibv_qp *qp, const struct bpd_send *s, int n, int
 	while (*posted < n) {
 		int k = n - *posted < BPD_CHAIN ? n - *posted : BPD_CHAIN;
 		for (int i = 0; i < k; i++) {
-			const struct bpd_send *x = &s[*posted + i];
-			memset(&wr[i], 0, sizeof(wr[i]));
-			sge[i].addr = x->addr;
-			sge[i].length = x->len;
-			sge[i].lkey = x->lkey;
-			wr[i].wr_id = x->wr_id;
-			wr[i].sg_list = &sge[i];
-			wr[i].num_sge = 1;
-			wr[i].opcode = IBV_WR_SEND;
-			wr[i].send_flags = x->flags;
+			bpd_fill_send(&wr[i], &sge[i], &s[*posted + i]);
 			wr[i].next = i + 1 < k ? &wr[i + 1] : NULL;
 		}
 		int err = ibv_post_send(qp, wr, &bad);
@@ -428,6 +481,14 @@ enum {
 	bpd_off_attr_port = offsetof(struct ibv_flow_attr, port),
 	bpd_off_attr_flags = offsetof(struct ibv_flow_attr, flags),
 };
+
+// The tso member as rdma-core lays it out (checked by the Go tests).
+enum {
+	bpd_off_wr_tso_hdr = offsetof(struct ibv_send_wr, tso.hdr),
+	bpd_off_wr_tso_hdr_sz = offsetof(struct ibv_send_wr, tso.hdr_sz),
+	bpd_off_wr_tso_mss = offsetof(struct ibv_send_wr, tso.mss),
+	bpd_size_wr = sizeof(struct ibv_send_wr),
+};
 */
 import "C"
 
@@ -473,6 +534,9 @@ const (
 	_ = uint(C.IBV_QPT_RAW_PACKET-qptRawPacket) + uint(qptRawPacket-C.IBV_QPT_RAW_PACKET)
 	_ = uint(C.IBV_SEND_SIGNALED-sendSignaled) + uint(sendSignaled-C.IBV_SEND_SIGNALED)
 	_ = uint(C.IBV_SEND_INLINE-sendInline) + uint(sendInline-C.IBV_SEND_INLINE)
+	_ = uint(C.IBV_SEND_IP_CSUM-sendIPCsum) + uint(sendIPCsum-C.IBV_SEND_IP_CSUM)
+	_ = uint(C.IBV_WR_SEND-wrSend) + uint(wrSend-C.IBV_WR_SEND)
+	_ = uint(C.IBV_WR_TSO-wrTSO) + uint(wrTSO-C.IBV_WR_TSO)
 	_ = uint(C.IBV_WC_SUCCESS-wcSuccess) + uint(wcSuccess-C.IBV_WC_SUCCESS)
 	_ = uint(C.IBV_WC_WR_FLUSH_ERR-wcFlushError) + uint(wcFlushError-C.IBV_WC_WR_FLUSH_ERR)
 	_ = uint(C.IBV_WC_EX_WITH_BYTE_LEN-wcExWithByteLen) + uint(wcExWithByteLen-C.IBV_WC_EX_WITH_BYTE_LEN)
@@ -622,9 +686,11 @@ func cAsyncEvent(ctx cContext) (int, error) {
 	return int(t), nil
 }
 
-// cCreateQP creates a raw packet QP; it returns the inline size granted.
-func cCreateQP(pd cPD, scq, rcq cCQ, sq, rq, inline int) (cQP, int, error) {
-	in := C.struct_bpd_qp_init{sq: C.uint32_t(sq), rq: C.uint32_t(rq), sge: 1, inline_data: C.uint32_t(inline)}
+// cCreateQP creates a raw packet QP (tsoHeader > 0: one that takes large
+// sends with headers up to that size); it returns the inline size granted.
+func cCreateQP(pd cPD, scq, rcq cCQ, sq, rq, inline, tsoHeader int) (cQP, int, error) {
+	in := C.struct_bpd_qp_init{sq: C.uint32_t(sq), rq: C.uint32_t(rq), sge: 1, inline_data: C.uint32_t(inline),
+		tso_header: C.uint32_t(tsoHeader)}
 	var q cQP
 	if rc := C.bpd_create_qp(pd, scq, rcq, &in, &q); rc != 0 {
 		return nil, 0, errnoOf(int(rc))
@@ -670,6 +736,31 @@ func cPostSend(q cQP, wrs []sendWR) (int, error) {
 	var posted C.int
 	rc := C.bpd_post_send(q, (*C.struct_bpd_send)(unsafe.Pointer(&wrs[0])), C.int(len(wrs)), &posted)
 	return int(posted), errnoOf(int(rc))
+}
+
+// sendView is a work request as bpd_fill_send builds it for ibv_post_send,
+// read back from rdma-core's structs by field name.
+type sendView struct {
+	WRID, SGEAddr, TSOHdr      uint64
+	Opcode, Flags, SGELen, Key uint32
+	NumSGE                     int32
+	TSOHdrSize, TSOMSS         uint16
+}
+
+// cViewSend builds w's work request with the code ibv_post_send gets and
+// reads it back (the unit tests' view of what the device would be given).
+func cViewSend(w sendWR) sendView {
+	var v C.struct_bpd_send_view
+	C.bpd_view_send((*C.struct_bpd_send)(unsafe.Pointer(&w)), &v)
+	return sendView{WRID: uint64(v.wr_id), SGEAddr: uint64(v.sge_addr), TSOHdr: uint64(v.tso_hdr),
+		Opcode: uint32(v.opcode), Flags: uint32(v.send_flags), SGELen: uint32(v.sge_len), Key: uint32(v.sge_lkey),
+		NumSGE: int32(v.num_sge), TSOHdrSize: uint16(v.tso_hdr_sz), TSOMSS: uint16(v.tso_mss)}
+}
+
+// sendWRLayout is where verbs.h puts the tso member of struct ibv_send_wr,
+// and the struct's size.
+func sendWRLayout() (hdr, hdrSize, mss, size uintptr) {
+	return C.bpd_off_wr_tso_hdr, C.bpd_off_wr_tso_hdr_sz, C.bpd_off_wr_tso_mss, C.bpd_size_wr
 }
 
 func cPoll(cq cCQ, out []completion, ts bool) (int, error) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -106,13 +107,25 @@ type completion struct {
 
 // sendWR mirrors struct bpd_send.
 type sendWR struct {
-	Addr  uint64
-	WRID  uint64
-	Len   uint32
-	LKey  uint32
-	Flags uint32
-	_     uint32
+	Addr   uint64
+	WRID   uint64
+	Len    uint32
+	LKey   uint32
+	Flags  uint32
+	MSS    uint16
+	HdrLen uint16
 }
+
+// Large sends (hardware TSO, qp.Segmenter): tsoBuffers buffers of
+// tsoBufSize bytes after the frames of the pool, each holding the largest
+// packet the TCP stack hands the engine (64 KiB of IP) behind its Ethernet
+// header; the QPs take headers of up to tsoMaxHeader bytes (Ethernet, a
+// VLAN tag, IPv6 and TCP with full options: 118).
+const (
+	tsoBuffers   = 32
+	tsoBufSize   = 68 << 10
+	tsoMaxHeader = 128
+)
 
 // postedFrame is a send in flight: its sequence number and buffer.
 type postedFrame struct {
@@ -155,9 +168,15 @@ type Provider struct {
 	inline int
 	ts     bool
 
-	sq       []*sendQueue
-	pending  int // frames in flight over all send queues
-	free     qp.TXPool
+	sq      []*sendQueue
+	pending int // frames in flight over all send queues
+	free    qp.TXPool
+	// tso is the largest large send the QPs take (0: none; see tsoLimit);
+	// the buffers for them start at handle tsoBase, the free ones are
+	// tsoFree.
+	tso      int
+	tsoBase  uint64
+	tsoFree  []uint64
 	rxPosted int
 
 	// Completions taken by Wait's race check, consumed first by RXBurst and
@@ -177,7 +196,7 @@ type Provider struct {
 	// broken publishes fatal to other goroutines (Steering.Healthy).
 	broken atomic.Pointer[error]
 
-	rxPackets, txPackets, rxErrors, txErrors, noRXBuffer, txNoBuffer, posts atomic.Uint64
+	rxPackets, txPackets, rxErrors, txErrors, noRXBuffer, txNoBuffer, posts, tsoPackets atomic.Uint64
 
 	pollFds [3]unix.PollFd
 }
@@ -186,7 +205,20 @@ var (
 	_ qp.Provider     = (*Provider)(nil)
 	_ qp.RateLimiter  = (*Provider)(nil)
 	_ qp.DeviceMemory = (*Provider)(nil)
+	_ qp.Segmenter    = (*Provider)(nil)
 )
+
+// tsoLimit is the largest large send the provider posts on a device with
+// caps c, 0 when the engine must segment in software: the device's TSO
+// size for raw packet QPs, up to a buffer, and only with checksum offload
+// (IBV_RAW_PACKET_CAP_IP_CSUM), since each segment's IP and TCP checksums
+// are the device's to compute.
+func tsoLimit(c DeviceCaps) int {
+	if c.MaxTSO == 0 || !slices.Contains(c.RawPacketCaps, "ip_csum") {
+		return 0
+	}
+	return int(min(c.MaxTSO, tsoBufSize))
+}
 
 // Query opens the device of b, reads its capabilities and those of b's port,
 // and closes it.
@@ -289,9 +321,14 @@ func Open(cfg Config) (_ *Provider, err error) {
 		return nil, err
 	}
 	n := p.sizes.RXFrames + p.sizes.TXFrames
-	if p.pool, err = unix.Mmap(-1, 0, n*cfg.FrameSize, unix.PROT_READ|unix.PROT_WRITE,
+	size := n * cfg.FrameSize
+	if p.tso = tsoLimit(p.caps); p.tso > 0 {
+		p.tsoBase = uint64(size)
+		size += tsoBuffers * tsoBufSize
+	}
+	if p.pool, err = unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE,
 		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE); err != nil {
-		return nil, fmt.Errorf("allocate %d-byte buffer pool: %w", n*cfg.FrameSize, err)
+		return nil, fmt.Errorf("allocate %d-byte buffer pool: %w", size, err)
 	}
 	p.base = uintptr(unsafe.Pointer(&p.pool[0]))
 	if p.mr, p.lkey, err = cRegMR(p.pd, p.pool); err != nil {
@@ -302,6 +339,9 @@ func Open(cfg Config) (_ *Provider, err error) {
 		return nil, err
 	}
 	p.sq = append(p.sq, main)
+	for i := range tsoBuffers * min(p.tso, 1) {
+		p.tsoFree = append(p.tsoFree, p.tsoBase+uint64(i*tsoBufSize))
+	}
 	fs := uint64(cfg.FrameSize)
 	p.repost = make([]uint64, 0, p.sizes.RXFrames)
 	for i := 0; i < p.sizes.RXFrames; i++ {
@@ -348,17 +388,24 @@ func (p *Provider) createCQs() (err error) {
 
 // newSendQueue creates a raw packet QP on the shared CQs (sq send and rq
 // receive entries; rq 0 for a send-only paced queue) and walks it to RTS.
-// The first one fixes the inline size all of them use.
+// The first one fixes the inline size and large sends all of them use.
 func (p *Provider) newSendQueue(sq, rq int) (*sendQueue, error) {
 	want := p.cfg.Inline
 	if len(p.sq) > 0 {
 		want = p.inline
 	}
-	q, inline, err := cCreateQP(p.pd, p.scq, p.rcq, sq, rq, want)
+	tsoHeader := tsoMaxHeader * min(p.tso, 1)
+	q, inline, err := cCreateQP(p.pd, p.scq, p.rcq, sq, rq, want, tsoHeader)
+	if err != nil && tsoHeader > 0 && len(p.sq) == 0 && (errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP)) {
+		// A device that reports TSO but refuses the header size:
+		// the engine segments in software.
+		p.tso, tsoHeader = 0, 0
+		q, inline, err = cCreateQP(p.pd, p.scq, p.rcq, sq, rq, want, 0)
+	}
 	if err != nil && want > 0 && errors.Is(err, unix.EINVAL) {
 		// Some devices take no inline data on raw packet QPs.
 		want = 0
-		q, inline, err = cCreateQP(p.pd, p.scq, p.rcq, sq, rq, 0)
+		q, inline, err = cCreateQP(p.pd, p.scq, p.rcq, sq, rq, 0, tsoHeader)
 	}
 	if err != nil {
 		return nil, translate(fmt.Sprintf("create raw packet QP (%d send, %d receive entries)", sq, rq), err)
@@ -377,7 +424,7 @@ func (p *Provider) newSendQueue(sq, rq int) (*sendQueue, error) {
 func (p *Provider) Caps() qp.Caps {
 	return qp.Caps{
 		Provider:     "verbs",
-		Mode:         fmt.Sprintf("raw-packet %s:%d", p.bind.Device, p.bind.Port),
+		Mode:         p.mode(),
 		ZeroCopy:     true,
 		FrameSize:    p.cfg.FrameSize,
 		MaxFrame:     p.cfg.FrameSize,
@@ -387,6 +434,16 @@ func (p *Provider) Caps() qp.Caps {
 		DeviceMemory: int(min(p.caps.DeviceMemory, 1<<30)),
 		HWTimestamps: p.ts,
 	}
+}
+
+// mode names the device and port, and says whether the device segments
+// large TCP packets (hardware TSO, up to how many bytes).
+func (p *Provider) mode() string {
+	m := fmt.Sprintf("raw-packet %s:%d", p.bind.Device, p.bind.Port)
+	if p.tso > 0 {
+		m += fmt.Sprintf(", tso %d", p.tso)
+	}
+	return m
 }
 
 // FD implements qp.Provider: the completion channel, readable when a
@@ -497,13 +554,41 @@ func (p *Provider) AllocTX(frames []qp.Frame) int {
 	return n
 }
 
+// AllocTSO implements qp.Segmenter: a buffer for one large send, when the
+// device segments (tsoLimit) and the packet fits.
+func (p *Provider) AllocTSO(f *qp.Frame, size, hdr int) bool {
+	if p.tso == 0 || size > p.tso || hdr > tsoMaxHeader || hdr >= size {
+		return false
+	}
+	if len(p.tsoFree) == 0 {
+		p.Complete()
+		if len(p.tsoFree) == 0 {
+			p.txNoBuffer.Add(1)
+			return false
+		}
+	}
+	h := p.tsoFree[len(p.tsoFree)-1]
+	p.tsoFree = p.tsoFree[:len(p.tsoFree)-1]
+	*f = qp.Frame{Buf: p.pool[h : h+tsoBufSize : h+tsoBufSize], Handle: h}
+	return true
+}
+
 // FreeTX implements qp.Provider.
 func (p *Provider) FreeTX(frames []qp.Frame) {
 	for i := range frames {
 		if frames[i].Handle&dmHandle == 0 {
-			p.free.Put(frames[i].Handle)
+			p.putTX(frames[i].Handle)
 		}
 	}
+}
+
+// putTX returns a host send buffer to its free list.
+func (p *Provider) putTX(h uint64) {
+	if p.tsoBase != 0 && h >= p.tsoBase {
+		p.tsoFree = append(p.tsoFree, h)
+		return
+	}
+	p.free.Put(h)
 }
 
 // TXBurst implements qp.Provider. Each frame goes on the send queue its
@@ -562,6 +647,9 @@ func (p *Provider) post(q int, frames []qp.Frame) (int, error) {
 	for i := 0; i < k; i++ {
 		s.inflight = append(s.inflight, postedFrame{seq: s.seq, handle: frames[i].Handle})
 		s.seq++
+		if frames[i].MSS > 0 {
+			p.tsoPackets.Add(1)
+		}
 	}
 	p.pending += k
 	p.txPackets.Add(uint64(k))
@@ -575,8 +663,9 @@ func (p *Provider) post(q int, frames []qp.Frame) (int, error) {
 
 // buildSends turns frames into send work requests for queue q: host frames
 // from the registered pool (inline when small enough), staged ones from
-// device memory, a completion asked for every signalEvery requests and at
-// the end of the burst, wr_id = queue and sequence number.
+// device memory, large TCP packets (Frame.MSS) as large sends with the
+// device computing checksums, a completion asked for every signalEvery
+// requests and at the end of the burst, wr_id = queue and sequence number.
 func (p *Provider) buildSends(q int, frames []qp.Frame) []sendWR {
 	s := p.sq[q]
 	p.wrs = p.wrs[:0]
@@ -588,7 +677,11 @@ func (p *Provider) buildSends(q int, frames []qp.Frame) []sendWR {
 			w.Addr, w.LKey = f.Handle&^dmHandle, p.dm.lkey
 		} else {
 			w.Addr, w.LKey = uint64(p.base)+f.Handle, p.lkey
-			if len(f.Buf) <= p.inline {
+			switch {
+			case f.MSS > 0:
+				w.MSS, w.HdrLen = f.MSS, f.HeaderLen
+				w.Flags |= sendIPCsum
+			case len(f.Buf) <= p.inline:
 				w.Flags |= sendInline
 			}
 		}
@@ -649,7 +742,7 @@ func (p *Provider) takeTX(batch []completion) int {
 		i := 0
 		for i < len(s.inflight) && (seq-s.inflight[i].seq)&(1<<wrSeqBits-1) < 1<<(wrSeqBits-1) {
 			if h := s.inflight[i].handle; h&dmHandle == 0 {
-				p.free.Put(h)
+				p.putTX(h)
 			} else if p.dm != nil {
 				p.dm.released(int(h &^ dmHandle))
 			}
@@ -764,7 +857,8 @@ func (p *Provider) fail(err error) {
 }
 
 // Stats implements qp.Provider. Kicks counts post calls (each rings the
-// send doorbell); InvalidDescs counts failed completions.
+// send doorbell); InvalidDescs counts failed completions; TXTSOPackets
+// counts large sends.
 func (p *Provider) Stats() qp.Stats {
 	return qp.Stats{
 		RXPackets:    p.rxPackets.Load(),
@@ -773,6 +867,7 @@ func (p *Provider) Stats() qp.Stats {
 		TXNoBuffer:   p.txNoBuffer.Load(),
 		Kicks:        p.posts.Load(),
 		InvalidDescs: p.rxErrors.Load() + p.txErrors.Load(),
+		TXTSOPackets: p.tsoPackets.Load(),
 	}
 }
 
