@@ -568,6 +568,7 @@ func (d *Daemon) ringBlocks() []stats.Ring {
 		c[stats.RingCompletionStarved] = ps.TXNoBuffer
 		c[stats.RingKicks] = ps.Kicks
 		c[stats.RingInvalidDescs] = ps.InvalidDescs
+		c[stats.RingTCPTSOHardware] = ps.TXTSOPackets
 		rsm := r.ReassemblyStats()
 		c[stats.RingReasmReassembled] = rsm.Reassembled
 		c[stats.RingReasmTimeouts] = rsm.Timeouts

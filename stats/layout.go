@@ -336,8 +336,9 @@ const (
 	RingRXDecapsulated                         // VXLAN frames of overlay sockets decapsulated
 	RingTXEncapsulated                         // datagrams of overlay sockets sent encapsulated in VXLAN
 	RingFlowsFull                              // binds and joins refused because the interface's flow steering map was full (--max-flows)
-	RingTCPTSOPackets                          // large TCP segments the engine cut into frames (software TSO)
+	RingTCPTSOPackets                          // large TCP segments from the stack, cut into frames by the engine or the device
 	RingTCPTSOFrames                           // the frames they became
+	RingTCPTSOHardware                         // those the device segmented (hardware TSO)
 	NumRingCounters                            // number of ring counters in this version
 )
 
@@ -380,7 +381,7 @@ var ringCounterNames = [NumRingCounters]string{
 	"tcp_checksum_errors", "tcp_syn_cookies", "tcp_listen_overflows", "tcp_stack_dropped",
 	"rx_decapsulated", "tx_encapsulated",
 	"flows_full",
-	"tcp_tso_packets", "tcp_tso_frames",
+	"tcp_tso_packets", "tcp_tso_frames", "tcp_tso_hw_packets",
 }
 
 func (c RingCounter) String() string {
