@@ -57,27 +57,36 @@ func NewWaiter() (*Waiter, error) {
 // eventfd, and sets O_NONBLOCK (which the peer shares) if it is missing, so a
 // hostile peer cannot make Wake or Wait block a thread forever.
 func NewWaiterFD(fd int) (*Waiter, error) {
+	if err := adoptEventfd(fd); err != nil {
+		return nil, fmt.Errorf("shmq: wrap eventfd: %w", err)
+	}
+	return newWaiter(fd), nil
+}
+
+// adoptEventfd checks that fd, received from the peer, is an eventfd and
+// makes it non-blocking and close-on-exec; it closes fd on error.
+func adoptEventfd(fd int) error {
 	if fd < 0 {
-		return nil, fmt.Errorf("shmq: wrap eventfd: invalid fd %d", fd)
+		return fmt.Errorf("invalid fd %d", fd)
 	}
 	target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
 	if err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("shmq: wrap eventfd: identify fd %d (is /proc mounted?): %w", fd, err)
+		return fmt.Errorf("identify fd %d (is /proc mounted?): %w", fd, err)
 	}
 	if target != "anon_inode:[eventfd]" {
 		unix.Close(fd)
-		return nil, fmt.Errorf("shmq: wrap eventfd: fd %d is %q, not an eventfd; the peer sent the wrong descriptor", fd, target)
+		return fmt.Errorf("fd %d is %q, not an eventfd; the peer sent the wrong descriptor", fd, target)
 	}
 	if err := unix.SetNonblock(fd, true); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("shmq: wrap eventfd: set O_NONBLOCK on fd %d: %w", fd, err)
+		return fmt.Errorf("set O_NONBLOCK on fd %d: %w", fd, err)
 	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("shmq: wrap eventfd: set FD_CLOEXEC on fd %d: %w", fd, err)
+		return fmt.Errorf("set FD_CLOEXEC on fd %d: %w", fd, err)
 	}
-	return newWaiter(fd), nil
+	return nil
 }
 
 func newWaiter(fd int) *Waiter {
@@ -97,16 +106,21 @@ func (w *Waiter) Wake() error {
 	if w.closed.Load() {
 		return ErrClosed
 	}
+	return addToken(w.fd)
+}
+
+// addToken adds one wake-up token to the eventfd fd.
+func addToken(fd int) error {
 	buf := [8]byte{1} // the value 1 in native (little-endian) byte order
 	for {
-		_, err := unix.Write(w.fd, buf[:])
+		_, err := unix.Write(fd, buf[:])
 		switch err {
 		case nil, unix.EAGAIN:
 			return nil
 		case unix.EINTR:
 			continue
 		default:
-			return fmt.Errorf("shmq: wake eventfd %d: %w", w.fd, err)
+			return fmt.Errorf("shmq: wake eventfd %d: %w", fd, err)
 		}
 	}
 }

@@ -18,7 +18,7 @@ type ClientSession struct {
 	s     *Session
 	mem   []byte
 	disp  *Dispatcher
-	bells []*shmq.Waiter
+	bells []*shmq.Bell
 }
 
 // OpenClientSession maps the session memory a HELLO reply announced
@@ -60,7 +60,11 @@ func OpenClientSession(maxSlots, lanes int, size uint64, fds []int) (_ *ClientSe
 	}
 	c.disp = NewDispatcher(c.s, wake)
 	for i := range lanes {
-		b, err := take(2 + i)
+		// A doorbell is only rung from here: a Bell, not a Waiter, or
+		// every client's netpoller wakes whenever any client rings it.
+		fd := fds[2+i]
+		fds[2+i] = -1 // NewBellFD owns it from here, also on error
+		b, err := shmq.NewBellFD(fd)
 		if err != nil {
 			return nil, fmt.Errorf("doorbell of lane %d: %w", i, err)
 		}
