@@ -45,17 +45,7 @@ func TestBell(t *testing.T) {
 		t.Errorf("second Close: %v", err)
 	}
 
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-		t.Fatal(err)
-	}
-	defer closeFD(p[0])
-	if _, err := NewBellFD(p[1]); err == nil {
-		t.Fatal("NewBellFD accepted a pipe")
-	}
-	if _, err := unix.FcntlInt(uintptr(p[1]), unix.F_GETFD, 0); !errors.Is(err, unix.EBADF) {
-		t.Errorf("refused fd was not closed: %v", err)
-	}
+	refusesPipe(t, func(fd int) error { _, err := NewBellFD(fd); return err })
 }
 
 // inEpoll reports whether fd is in one of this process's epoll sets.

@@ -117,20 +117,26 @@ func TestWaiterFD(t *testing.T) {
 		t.Fatalf("deadline on a wrapped blocking eventfd: %v", err)
 	}
 
-	// Anything else is refused, and closed.
+	refusesPipe(t, func(fd int) error { _, err := NewWaiterFD(fd); return err })
+	if _, err := NewWaiterFD(-1); err == nil {
+		t.Error("NewWaiterFD(-1) succeeded")
+	}
+}
+
+// refusesPipe checks that wrap refuses a pipe (anything but an eventfd)
+// and closes it.
+func refusesPipe(t *testing.T, wrap func(fd int) error) {
+	t.Helper()
 	var p [2]int
 	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 		t.Fatal(err)
 	}
 	defer closeFD(p[0])
-	if _, err := NewWaiterFD(p[1]); err == nil {
-		t.Fatal("NewWaiterFD accepted a pipe")
+	if err := wrap(p[1]); err == nil {
+		t.Fatal("a pipe was accepted as an eventfd")
 	}
 	if _, err := unix.FcntlInt(uintptr(p[1]), unix.F_GETFD, 0); !errors.Is(err, unix.EBADF) {
 		t.Errorf("refused fd was not closed: %v", err)
-	}
-	if _, err := NewWaiterFD(-1); err == nil {
-		t.Error("NewWaiterFD(-1) succeeded")
 	}
 }
 
