@@ -495,10 +495,10 @@ func (d *Daemon) adoptSocket(s *session, ks takeover.Socket, files *takeover.Fil
 			k.close()
 		}
 	}()
-	if k.txq, err = shmq.Attach(k.tx); err != nil {
+	if _, err = shmq.Attach(k.tx); err != nil {
 		return nil, fmt.Errorf("TX queue: %w", err)
 	}
-	if k.rxq, err = shmq.Attach(k.rx); err != nil {
+	if _, err = shmq.Attach(k.rx); err != nil {
 		return nil, fmt.Errorf("RX queue: %w", err)
 	}
 	for _, g := range ks.Pending {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/bypassd/bypassd/daemon/config"
 	"github.com/bypassd/bypassd/internal/ctlproto"
-	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/internal/shmsess"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/sched/pacing"
@@ -34,11 +33,6 @@ type socket struct {
 	// memfd is the daemon's descriptor of the memory, kept to hand it to
 	// a new daemon (live upgrade).
 	memfd int
-	// txq and rxq view the two queues, for their occupancy only (the
-	// engine and the client own the indexes). Made without reading the
-	// memory, and read only once the socket carried traffic, so that idle
-	// sockets' pages stay out of the daemon.
-	txq, rxq *shmq.Queue
 	// rxMax and txMax are the highest occupancy the stats publisher saw
 	// since the last reset (guarded by the session's pub).
 	rxMax, txMax uint64
@@ -77,9 +71,6 @@ func newSocket(id uint32, family uint16, queueBytes int, home *ringInfo, m *sess
 	k := &socket{id: id, family: family, queueBytes: queueBytes, home: home, hdr: ring.DefaultHeaderOptions, q: p,
 		tx: m.queue(p.txOff, queueBytes), rx: m.queue(p.rxOff, queueBytes)}
 	home.homed.Add(1)
-	// Cannot fail: the arena hands out page-aligned ranges of this size.
-	k.txq, _ = shmq.AttachFresh(k.tx, queueBytes)
-	k.rxq, _ = shmq.AttachFresh(k.rx, queueBytes)
 	return k, nil
 }
 

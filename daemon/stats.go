@@ -18,6 +18,7 @@ import (
 
 	"github.com/bypassd/bypassd/bpf"
 	"github.com/bypassd/bypassd/internal/ctlproto"
+	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/stats"
 )
@@ -81,8 +82,8 @@ type clientStats struct {
 	baseTotal stats.SocketCounters
 	// blocks and order are publish's buffers, kept so that a client with
 	// many sockets does not allocate them every interval.
-	blocks, sorted []stats.Socket
-	order          []int32
+	blocks []stats.Socket
+	order  []int32
 	// seen is the sum of the sessions' changes read before the last full
 	// publication; fresh tells that one happened since the set of
 	// sessions last changed; queued that it found bytes in a queue (whose
@@ -352,9 +353,9 @@ func (d *Daemon) socketBlock(k *socket) stats.Socket {
 	// socket's queue headers would fault its pages into the daemon (two
 	// per socket, 800 MB for 100,000 sockets). A socket whose first
 	// datagrams still wait in its TX queue reads 0 until one is sent.
-	if b.Counters[stats.SockRXPackets]|b.Counters[stats.SockTXPackets]|b.Counters[stats.SockRXDropped]|b.Counters[stats.SockTXErrors]|b.Counters[stats.SockTXUnreachable] != 0 {
-		b.Counters[stats.SockRXQueueBytes] = uint64(k.rxq.Len())
-		b.Counters[stats.SockTXQueueBytes] = uint64(k.txq.Len())
+	if b.Counters[stats.SockRXPackets]|b.Counters[stats.SockTXPackets]|b.Counters[stats.SockRXDropped]|b.Counters[stats.SockTXErrors]|b.Counters[stats.SockTXUnreachable] != 0 && k.tx != nil {
+		b.Counters[stats.SockRXQueueBytes] = uint64(shmq.Occupancy(k.rx, k.queueBytes))
+		b.Counters[stats.SockTXQueueBytes] = uint64(shmq.Occupancy(k.tx, k.queueBytes))
 	}
 	return b
 }
@@ -414,25 +415,41 @@ func (c *clientStats) view(d *Daemon, withSockets bool) clientView {
 	}
 	v.total[stats.SockRXQueueMaxBytes], v.total[stats.SockTXQueueMaxBytes] = 0, 0
 	if withSockets {
+		c.sortByID(v.sockets)
 		c.blocks = v.sockets
-		v.sockets = c.sortByID(v.sockets)
 	}
 	return v
 }
 
-// sortByID returns blocks in socket id order, in c.sorted: the blocks are
-// large, so an index is sorted and the blocks are copied once.
-func (c *clientStats) sortByID(blocks []stats.Socket) []stats.Socket {
+// sortByID puts blocks in socket id order. The blocks are large: an index
+// is sorted, then each block is moved once, in place (a second buffer
+// would cost the daemon another block per socket).
+func (c *clientStats) sortByID(blocks []stats.Socket) {
 	c.order = c.order[:0]
 	for i := range blocks {
 		c.order = append(c.order, int32(i))
 	}
-	slices.SortFunc(c.order, func(a, b int32) int { return cmp.Compare(blocks[a].ID, blocks[b].ID) })
-	c.sorted = c.sorted[:0]
-	for _, i := range c.order {
-		c.sorted = append(c.sorted, blocks[i])
+	order := c.order
+	slices.SortFunc(order, func(a, b int32) int { return cmp.Compare(blocks[a].ID, blocks[b].ID) })
+	// Follow each cycle of the permutation; order[j] = j marks a place
+	// done.
+	for i := range order {
+		if int(order[i]) == i {
+			continue
+		}
+		tmp := blocks[i]
+		j := i
+		for {
+			k := int(order[j])
+			order[j] = int32(j)
+			if k == i {
+				blocks[j] = tmp
+				break
+			}
+			blocks[j] = blocks[k]
+			j = k
+		}
 	}
-	return c.sorted
 }
 
 // publish writes the client's snapshot, applying a pending reset first.

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"io"
+	"math/rand"
 	"net"
 	"net/http"
 	"net/netip"
@@ -347,6 +348,24 @@ func TestStatsConfig(t *testing.T) {
 		d := &Daemon{cfg: config.Resolved{Config: config.Config{SocketMode: sock}}}
 		if got := d.statsMode(); got != want {
 			t.Errorf("socket mode %#o: stats mode %#o, want %#o", sock, got, want)
+		}
+	}
+}
+
+// TestSortByID: the blocks come out in id order, each with its own
+// contents, whatever order the sessions' maps gave them in.
+func TestSortByID(t *testing.T) {
+	var c clientStats
+	for _, n := range []int{0, 1, 2, 7, 1000} {
+		blocks := make([]stats.Socket, n)
+		for i, id := range rand.Perm(n) {
+			blocks[i] = stats.Socket{ID: uint32(id + 1), Counters: stats.SocketCounters{stats.SockRXPackets: uint64(id + 1)}}
+		}
+		c.sortByID(blocks)
+		for i, b := range blocks {
+			if b.ID != uint32(i+1) || b.Counters[stats.SockRXPackets] != uint64(i+1) {
+				t.Fatalf("%d blocks: place %d holds id %d with counter %d", n, i, b.ID, b.Counters[stats.SockRXPackets])
+			}
 		}
 	}
 }

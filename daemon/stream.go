@@ -379,7 +379,7 @@ func (k *socket) streamClose() {
 		}
 		st.pump = nil
 		// The pump gives the queues back when it ends.
-		k.tx, k.rx, k.txq, k.rxq = nil, nil, nil, nil
+		k.tx, k.rx = nil, nil
 	case st.lis != nil:
 		st.lis.close()
 		st.lis = nil

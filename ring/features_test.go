@@ -243,8 +243,16 @@ func TestHeaderOptions(t *testing.T) {
 // TestCallerQueues binds over queues in a session memory (a sealed memfd),
 // with the user side on a second mapping of it, as the daemon and a client
 // do: TX announced through the lane bitmap and the doorbell, RX woken
-// through the events bitmap and the client eventfd.
+// through the events bitmap and the client eventfd. A datagram the client
+// queued before the bind (announced while the engine knew no endpoint for
+// the slot) goes out once the bind is done, though Bind visits a new
+// endpoint only when its slot was announced.
 func TestCallerQueues(t *testing.T) {
+	t.Run("bind first", func(t *testing.T) { testCallerQueues(t, false) })
+	t.Run("send first", func(t *testing.T) { testCallerQueues(t, true) })
+}
+
+func testCallerQueues(t *testing.T, sendFirst bool) {
 	l := newLab(t, ring.Config{})
 	const capacity = 1 << 16
 	lay, err := shmsess.NewLayout(64, 1, 16*shmsess.SocketSpan(capacity))
@@ -276,15 +284,6 @@ func TestCallerQueues(t *testing.T) {
 	clientWake, _ := shmq.NewWaiter()
 	lane := l.r.AddLane(sess.Lane(0), lay.MaxSlots)
 	defer lane.Close()
-	ep, err := l.r.Bind(netip.AddrPortFrom(l.p.A.Addr4(), 0), ring.BindOptions{Queues: &ring.Queues{TX: txq, RX: rxq, QueueBytes: capacity,
-		Wake: ring.SessionWaker(sess, slot, clientWake), Lane: lane, Slot: slot}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep.Close()
-	if err := ep.Send([]byte("x"), netip.AddrPortFrom(l.p.B.Addr4(), 9), time.Time{}); !errors.Is(err, unix.EOPNOTSUPP) {
-		t.Fatalf("in-process send on a client endpoint: %v", err)
-	}
 
 	// The "client": its own mapping and copies of the eventfds.
 	cmem, err := shmq.MapMemfd(fd, int(lay.Size))
@@ -322,6 +321,29 @@ func TestCallerQueues(t *testing.T) {
 
 	peer := l.p.B.NS.ListenUDP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
 	buf := make([]byte, 64)
+	if sendFirst {
+		if _, err := user.SendBatch([][]byte{[]byte("before bind")}, peer.LocalAddr().(*net.UDPAddr).AddrPort(), time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		// Let the engine drain the announcement, finding no endpoint.
+		time.Sleep(50 * time.Millisecond)
+	}
+	ep, err := l.r.Bind(netip.AddrPortFrom(l.p.A.Addr4(), 0), ring.BindOptions{Queues: &ring.Queues{TX: txq, RX: rxq, QueueBytes: capacity,
+		Wake: ring.SessionWaker(sess, slot, clientWake), Lane: lane, Slot: slot}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	if err := ep.Send([]byte("x"), netip.AddrPortFrom(l.p.B.Addr4(), 9), time.Time{}); !errors.Is(err, unix.EOPNOTSUPP) {
+		t.Fatalf("in-process send on a client endpoint: %v", err)
+	}
+	if sendFirst {
+		_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, from, err := peer.ReadFromUDPAddrPort(buf)
+		if err != nil || string(buf[:n]) != "before bind" || from.Port() != ep.LocalAddr().Port() {
+			t.Fatalf("datagram queued before the bind: kernel peer got %q from %v: %v", buf[:n], from, err)
+		}
+	}
 	for i := range 3 {
 		// Each round the engine found the queue empty and sleeps: the send
 		// must announce the socket again.

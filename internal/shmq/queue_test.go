@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 )
 
 func TestSize(t *testing.T) {
@@ -480,5 +481,27 @@ func moveTo(t *testing.T, q *Queue, off int) {
 	}
 	if q.Len() != 0 || int(q.p.idx&q.mask) != off {
 		t.Fatalf("moveTo(%d) ended at %d", off, q.p.idx&q.mask)
+	}
+}
+
+// TestQueueLayout: a Queue fills its 256-byte size class exactly (so it is
+// 256-byte aligned) with the producer and consumer states on cache lines
+// of their own; and Occupancy agrees with Len.
+func TestQueueLayout(t *testing.T) {
+	var q Queue
+	if s, p, c := unsafe.Sizeof(q), unsafe.Offsetof(q.p), unsafe.Offsetof(q.c); s != 256 || p != 128 || c != 192 {
+		t.Fatalf("Queue is %d bytes with p at %d and c at %d; want 256, 128, 192 (adjust the padding)", s, p, c)
+	}
+	mem := make([]byte, Size(MinCapacity))
+	w, err := Init(mem, MinCapacity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Push(1, make([]byte, 100)); err != nil {
+		t.Fatal(err)
+	}
+	w.Publish()
+	if got, want := Occupancy(mem, MinCapacity), w.Len(); got != want || got == 0 {
+		t.Fatalf("Occupancy %d, Len %d", got, want)
 	}
 }

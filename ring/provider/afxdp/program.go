@@ -1,9 +1,11 @@
 package afxdp
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 
 	"github.com/bypassd/bypassd/bpf"
@@ -22,14 +24,43 @@ type sharedProgram struct {
 	prog *bpf.Program
 	refs int
 
-	// mu guards owners and steered: which rings (slots) have endpoints on
-	// each flow, and the slot the program steers it to now. A flow such as
-	// a multicast group or an SO_REUSEADDR port can have endpoints on
+	// mu guards flows: which rings (slots) have endpoints on each flow,
+	// and the slot the program steers it to now. A flow such as a
+	// multicast group or an SO_REUSEADDR port can have endpoints on
 	// several rings of the interface; the program holds one slot per
 	// flow, and the entry goes only with the last ring's endpoints.
-	mu      sync.Mutex
-	owners  map[qp.Flow]map[uint32]int
-	steered map[qp.Flow]uint32
+	mu    sync.Mutex
+	flows map[qp.Flow]flowOwners
+}
+
+// flowOwners is one flow's rings and the one it is steered to. Most flows
+// have one ring: a short list, not a map, since a daemon holds one per
+// bound socket.
+type flowOwners struct {
+	steered uint32
+	refs    []slotRefs
+}
+
+type slotRefs struct {
+	slot uint32
+	n    int32
+}
+
+// drop removes one of slot's references and reports whether slot had one.
+func (o *flowOwners) drop(slot uint32) bool {
+	for i := range o.refs {
+		if o.refs[i].slot == slot {
+			if o.refs[i].n--; o.refs[i].n == 0 {
+				o.refs = slices.Delete(o.refs, i, i+1)
+			}
+			return true
+		}
+	}
+	return false
+}
+
+func (o *flowOwners) holds(slot uint32) bool {
+	return slices.ContainsFunc(o.refs, func(r slotRefs) bool { return r.slot == slot })
 }
 
 // addFlow steers f to slot. The newest ring to add a flow gets its
@@ -40,11 +71,14 @@ func (sp *sharedProgram) addFlow(f qp.Flow, slot uint32) error {
 	if err := sp.prog.AddFlow(bpf.Flow(f), slot); err != nil {
 		return err
 	}
-	if sp.owners[f] == nil {
-		sp.owners[f] = map[uint32]int{}
+	o := sp.flows[f]
+	if i := slices.IndexFunc(o.refs, func(r slotRefs) bool { return r.slot == slot }); i >= 0 {
+		o.refs[i].n++
+	} else {
+		o.refs = append(o.refs, slotRefs{slot: slot, n: 1})
 	}
-	sp.owners[f][slot]++
-	sp.steered[f] = slot
+	o.steered = slot
+	sp.flows[f] = o
 	return nil
 }
 
@@ -54,34 +88,27 @@ func (sp *sharedProgram) addFlow(f qp.Flow, slot uint32) error {
 func (sp *sharedProgram) deleteFlow(f qp.Flow, slot uint32) error {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	owners := sp.owners[f]
-	if owners[slot] == 0 {
+	o, ok := sp.flows[f]
+	if !ok || !o.drop(slot) {
 		return nil
 	}
-	if owners[slot]--; owners[slot] == 0 {
-		delete(owners, slot)
-	}
-	if len(owners) == 0 {
-		delete(sp.owners, f)
-		delete(sp.steered, f)
+	if len(o.refs) == 0 {
+		delete(sp.flows, f)
 		if err := sp.prog.DeleteFlow(bpf.Flow(f)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 		return nil
 	}
-	if sp.steered[f] != slot {
+	sp.flows[f] = o
+	if o.steered != slot {
 		return nil
 	}
-	next := slot
-	for s := range owners {
-		if next == slot || s < next {
-			next = s
-		}
-	}
+	next := slices.MinFunc(o.refs, func(a, b slotRefs) int { return cmp.Compare(a.slot, b.slot) }).slot
 	if err := sp.prog.AddFlow(bpf.Flow(f), next); err != nil {
 		return fmt.Errorf("steer %s to the remaining ring of queue %d: %w", f, next, err)
 	}
-	sp.steered[f] = next
+	o.steered = next
+	sp.flows[f] = o
 	return nil
 }
 
@@ -92,16 +119,14 @@ func (sp *sharedProgram) forget(flows []qp.Flow, slot uint32) {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	for _, f := range flows {
-		owners := sp.owners[f]
-		if owners[slot] == 0 {
+		o, ok := sp.flows[f]
+		if !ok || !o.drop(slot) {
 			continue
 		}
-		if owners[slot]--; owners[slot] == 0 {
-			delete(owners, slot)
-		}
-		if len(owners) == 0 {
-			delete(sp.owners, f)
-			delete(sp.steered, f)
+		if len(o.refs) == 0 {
+			delete(sp.flows, f)
+		} else {
+			sp.flows[f] = o
 		}
 	}
 }
@@ -111,8 +136,8 @@ func (sp *sharedProgram) slotFlows(slot uint32) []qp.Flow {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	var out []qp.Flow
-	for f, owners := range sp.owners {
-		if owners[slot] > 0 {
+	for f, o := range sp.flows {
+		if o.holds(slot) {
 			out = append(out, f)
 		}
 	}
@@ -133,7 +158,7 @@ func acquireProgram(key qp.IfaceKey, opts bpf.Options) (*sharedProgram, error) {
 	if err != nil {
 		return nil, err
 	}
-	sp := &sharedProgram{prog: p, refs: 1, owners: map[qp.Flow]map[uint32]int{}, steered: map[qp.Flow]uint32{}}
+	sp := &sharedProgram{prog: p, refs: 1, flows: map[qp.Flow]flowOwners{}}
 	programs.m[key] = sp
 	return sp, nil
 }
@@ -165,7 +190,7 @@ func adoptProgram(key qp.IfaceKey, p *bpf.Program) *sharedProgram {
 		}
 		return sp
 	}
-	sp := &sharedProgram{prog: p, refs: 1, owners: map[qp.Flow]map[uint32]int{}, steered: map[qp.Flow]uint32{}}
+	sp := &sharedProgram{prog: p, refs: 1, flows: map[qp.Flow]flowOwners{}}
 	programs.m[key] = sp
 	return sp
 }
