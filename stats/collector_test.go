@@ -182,3 +182,42 @@ func TestCollector(t *testing.T) {
 		t.Error("client series without clients")
 	}
 }
+
+// TestCardinalityBounded: Prometheus gets no series per socket, and no
+// more per-client series than the collector's limit: the series count of
+// 100 clients with 1,000 sockets each is that of 4 clients with one
+// socket each (a limit of 3 plus the "other" sum), whatever the sockets'
+// counters.
+func TestCardinalityBounded(t *testing.T) {
+	metrics := func(clients, sockets int) *Metrics {
+		m := &Metrics{Rings: []Ring{{Interface: "eth1", Provider: "afxdp", Mode: "native/copy", Sockets: clients * sockets}}}
+		for i := range clients {
+			c := ClientMetrics{PID: 100 + i, Command: "app", Started: int64(i), Sockets: sockets}
+			c.Totals[SockRXPackets] = uint64(i * sockets)
+			m.Clients = append(m.Clients, c)
+		}
+		return m
+	}
+	count := func(f map[string]*dto.MetricFamily) int {
+		n := 0
+		for name, fam := range f {
+			if strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_") {
+				continue
+			}
+			for _, m := range fam.GetMetric() {
+				for l := range labels(m) {
+					if l == "socket" || l == "port" || l == "local" || l == "peer" {
+						t.Errorf("%s has a per-socket label %q", name, l)
+					}
+				}
+			}
+			n += len(fam.GetMetric())
+		}
+		return n
+	}
+	small, large := count(gather(t, metrics(4, 1), 3)), count(gather(t, metrics(100, 1000), 3))
+	t.Logf("%d series for 4 clients of 1 socket, %d for 100 clients of 1,000", small, large)
+	if small != large {
+		t.Errorf("%d series for 4 clients of 1 socket, %d for 100 clients of 1,000: the count follows the clients or sockets", small, large)
+	}
+}

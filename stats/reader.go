@@ -153,7 +153,14 @@ func (r *Reader) Generation() uint64 { return atomic.LoadUint64(&r.words[offSeq/
 // Read returns a consistent copy of the current snapshot. It retries while
 // the writer is in the middle of an update (never blocking the writer) and
 // returns ErrBusy if the update does not finish within Timeout.
-func (r *Reader) Read() (*Snapshot, error) {
+func (r *Reader) Read() (*Snapshot, error) { return r.read(true) }
+
+// ReadSummary is Read without the ring and socket blocks (Rings and
+// Sockets nil): the header and the summary block only, whatever the
+// number of sockets. A tool that lists many clients reads this.
+func (r *Reader) ReadSummary() (*Snapshot, error) { return r.read(false) }
+
+func (r *Reader) read(blocks bool) (*Snapshot, error) {
 	if r.mem == nil {
 		return nil, fmt.Errorf("stats: %s: reader closed", r.path)
 	}
@@ -169,9 +176,13 @@ func (r *Reader) Read() (*Snapshot, error) {
 			first = s1
 		}
 		if s1%2 == 0 {
-			rings, socks := r.copyOut()
+			rings, socks := r.copyOut(blocks)
 			if atomic.LoadUint64(&r.words[offSeq/8]) == s1 {
-				return r.decode(s1, rings, socks), nil
+				s := r.decode(s1, rings, socks)
+				if !blocks {
+					s.Rings, s.Sockets = nil, nil
+				}
+				return s, nil
 			}
 		}
 		// The writer's update takes microseconds: spin a little, then
@@ -193,15 +204,19 @@ func (r *Reader) Read() (*Snapshot, error) {
 }
 
 // copyOut copies the dynamic header, the summary block and the used ring
-// and socket blocks into r.buf, in file order with the unused slots left
-// out, and returns how many ring and socket blocks it copied.
-func (r *Reader) copyOut() (rings, socks int) {
+// and socket blocks (none without blocks) into r.buf, in file order with
+// the unused slots left out, and returns how many ring and socket blocks
+// it copied.
+func (r *Reader) copyOut(blocks bool) (rings, socks int) {
 	l := &r.l
 	var used [8]byte // rings used at 168, sockets used at 172: one word
 	binary.NativeEndian.PutUint64(used[:], atomic.LoadUint64(&r.words[offRingsUsed/8]))
 	rings = int(le.Uint32(used[offRingsUsed-offRingsUsed:]))
 	socks = int(le.Uint32(used[offSocketsUsed-offRingsUsed:]))
 	rings, socks = min(rings, l.ringSlots), min(socks, l.socketSlots)
+	if !blocks {
+		rings, socks = 0, 0
+	}
 	need := (HeaderSize-dynamicStart+l.summarySize+rings*RingBlockSize+socks*SocketBlockSize)/8 + 1
 	if cap(r.buf) < need {
 		r.buf = make([]uint64, need)

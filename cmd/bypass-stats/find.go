@@ -222,14 +222,29 @@ func (t *target) daemonFile() (*stats.Reader, error) {
 
 // clients reads every client file the target daemon writes (for the
 // daemon's views 4 and 5).
-func (t *target) clients() ([]*stats.Snapshot, error) {
+func (t *target) clients() ([]*stats.Snapshot, error) { return t.readClients(stats.ReadFile) }
+
+// clientSummaries reads the header and client block of every client file
+// the target daemon writes, not their socket blocks.
+func (t *target) clientSummaries() ([]*stats.Snapshot, error) {
+	return t.readClients(func(path string) (*stats.Snapshot, error) {
+		r, err := stats.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		defer r.Close()
+		return r.ReadSummary()
+	})
+}
+
+func (t *target) readClients(read func(string) (*stats.Snapshot, error)) ([]*stats.Snapshot, error) {
 	entries, err := stats.List(t.dir)
 	if err != nil {
 		return nil, err
 	}
 	var out []*stats.Snapshot
 	for _, e := range clientsOf(entries) {
-		s, err := stats.ReadFile(e.Path)
+		s, err := read(e.Path)
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				continue // the client left meanwhile

@@ -55,10 +55,14 @@ type options struct {
 	details  int
 	zero     bool
 	sockets  socketFilter
-	logLevel string
-	version  bool
-	dir      string
-	socket   string
+	// sort, limit, page and all cut long socket lists (select.go).
+	sort        string
+	limit, page int
+	all         bool
+	logLevel    string
+	version     bool
+	dir         string
+	socket      string
 }
 
 // usageError is a mistake on the command line (exit status 2).
@@ -135,6 +139,26 @@ func parseOptions(args []string, getenv func(string) string) (*options, error) {
 		o.sockets = f
 		return err
 	})
+	fs.Func("sort", "", func(v string) error {
+		if v != sortID && v != sortActivity {
+			return fmt.Errorf("%q: want id or activity", v)
+		}
+		o.sort = v
+		return nil
+	})
+	count := func(name string, p *int) {
+		fs.Func(name, "", func(v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return fmt.Errorf("%q: want a positive number", v)
+			}
+			*p = n
+			return nil
+		})
+	}
+	count("limit", &o.limit)
+	count("page", &o.page)
+	fs.BoolVar(&o.all, "all", false, "")
 	both("l", "log-level", func(v string) error {
 		if _, err := ctlproto.ParseLogLevel(v); err != nil {
 			return err
@@ -158,6 +182,9 @@ func parseOptions(args []string, getenv func(string) string) (*options, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, usagef("unexpected argument %q (give the process with -p PID or -n NAME)", fs.Arg(0))
+	}
+	if o.all && (o.limit != 0 || o.page != 0) {
+		return nil, usagef("--all shows every socket: it does not go with --limit or --page")
 	}
 	if o.pid != 0 && o.name != "" {
 		return nil, usagef("-p and -n both given: choose the process one way")
@@ -265,7 +292,8 @@ func versionString() string {
 }
 
 func printUsage(w io.Writer) {
-	fmt.Fprintf(w, `Usage: bypass-stats [-p PID | -n NAME] [-v 1..5] [-i SEC] [-c CYCLES] [-d 1|2] [-s LIST] [-z]
+	fmt.Fprintf(w, `Usage: bypass-stats [-p PID | -n NAME] [-v 1..5] [-i SEC] [-c CYCLES] [-d 1|2] [-s LIST]
+                    [--sort id|activity] [--limit N] [--page P | --all] [-z]
        bypass-stats -l LEVEL
        bypass-stats -V
 
@@ -282,6 +310,14 @@ else the daemon.
   -c, --cycles N         print N times, then exit (default 0: until interrupted)
   -d, --details 1|2      1 totals (default), 2 deltas per second
   -s, --sockets LIST     only these socket ids, e.g. 3,7-9
+      --sort id|activity socket order: by id (default) or most active first
+                         (datagrams both ways and drops; with -d 2, per second)
+      --limit N          show N sockets (a page); --page P picks the page
+      --page P           page P of --limit sockets (default limit %d)
+      --all              every socket, however many
+                         Past %d sockets (or clients) and without these
+                         options or -s, views show the %d most active and
+                         the totals, and say how to see the rest
   -z, --zero             zero the process's counters first (asks bypassd)
   -l, --log-level LEVEL  set bypassd's log level (debug, info, warn, error) and exit
   -S, --stats-dir DIR    where the stats files are (default %s; env %s)
@@ -291,5 +327,5 @@ else the daemon.
 
 Counters are 64-bit and never wrap; Kbyte is 1024 bytes. docs/operations.md
 explains every column.
-`, defaultStatsDir, EnvStatsDir)
+`, autoLimit, autoLimit, autoTop, defaultStatsDir, EnvStatsDir)
 }

@@ -29,6 +29,8 @@ type viewer struct {
 	elapsed time.Duration
 	// prevSock indexes prev's sockets by id.
 	prevSock map[uint32]*stats.Socket
+	// dsnap is the daemon's snapshot of this cycle, read when needed.
+	dsnap *stats.Snapshot
 }
 
 func (v *viewer) deltas() bool { return v.prev != nil }
@@ -168,11 +170,9 @@ func (v *viewer) table() {
 		q = fmt.Sprintf("  %9s %9s %9s", "cur", "max", "drop")
 	}
 	fmt.Fprintf(w, "%12s%10s %10s %8s %6s %5s  %10s %10s%s\n", "", "pkt", "Kbyte", "eagain", "error", "poll%", "pkt", "Kbyte", q)
-	for i := range v.snap.Sockets {
-		s := &v.snap.Sockets[i]
-		if !v.o.sockets.match(s.ID) {
-			continue
-		}
+	list, note := v.shown([]*stats.Snapshot{v.snap})
+	for _, l := range list {
+		s := l.s
 		rx := fmt.Sprintf("%10d %10d %8d %6d %5s  %10d %10d",
 			v.sock(s, stats.SockRXPackets), kb(v.sock(s, stats.SockRXBytes)), v.sock(s, stats.SockRXWakeups),
 			v.sock(s, stats.SockRXDropped), pollPercent(v.sock(s, stats.SockRXBatches), v.sock(s, stats.SockRXWakeups)),
@@ -187,7 +187,33 @@ func (v *viewer) table() {
 		}
 		fmt.Fprintf(w, "%8d Rx:%s\n%8s Tx:%s\n", s.ID, rx, "", tx)
 	}
+	if note != "" {
+		fmt.Fprintf(w, "Shown: %s\n", note)
+		v.totals()
+	}
 	fmt.Fprintln(w, strings.Repeat("-", len(separator)))
+}
+
+// totals prints the process's totals line (closed sockets included).
+func (v *viewer) totals() {
+	c := v.snap.Client
+	if c == nil {
+		return
+	}
+	t := &c.Totals
+	var p *stats.SocketCounters
+	if v.deltas() && v.prev.Client != nil {
+		p = &v.prev.Client.Totals
+	}
+	n := func(x stats.SocketCounter) uint64 {
+		if p == nil || x.IsGauge() {
+			return t[x]
+		}
+		return v.count(t[x], p[x], true)
+	}
+	fmt.Fprintf(v.w, "Totals (closed sockets included): Rx %d / %d, Tx %d / %d [kilobytes/packets], Rx dropped %d, Tx dropped %d\n",
+		kb(n(stats.SockRXBytes)), n(stats.SockRXPackets), kb(n(stats.SockTXBytes)), n(stats.SockTXPackets),
+		n(stats.SockRXDropped), n(stats.SockTXErrors)+n(stats.SockTXUnreachable))
 }
 
 // center returns s framed by dashes to exactly width characters.
@@ -225,15 +251,15 @@ func addrString(ap netip.AddrPort, valid bool) string {
 func (v *viewer) full() error {
 	w := v.w
 	used := map[int]bool{}
-	for i := range v.snap.Sockets {
-		s := &v.snap.Sockets[i]
-		if !v.o.sockets.match(s.ID) {
-			continue
+	list, note := v.shown([]*stats.Snapshot{v.snap})
+	for _, l := range list {
+		if l.s.Ring >= 0 {
+			used[l.s.Ring] = true
 		}
-		if s.Ring >= 0 {
-			used[s.Ring] = true
-		}
-		v.socketBlock(s)
+		v.socketBlock(l.s)
+	}
+	if note != "" {
+		fmt.Fprintf(w, "%s\nShown: %s\n", separator, note)
 	}
 	if c := v.snap.Client; c != nil && len(v.o.sockets) == 0 {
 		fmt.Fprintf(w, "%s\nProcess: %d open sockets (limit %d), %d opened since it connected; queue memory %d KiB (limit %d KiB)\n",
@@ -247,11 +273,7 @@ func (v *viewer) full() error {
 		fmt.Fprintln(w, separator)
 		return nil
 	}
-	dr, err := v.t.daemonFile()
-	if err != nil {
-		return err
-	}
-	ds, err := dr.Read()
+	ds, err := v.daemonSnap()
 	if err != nil {
 		return err
 	}
@@ -282,10 +304,8 @@ func (v *viewer) socketBlock(s *stats.Socket) {
 	ring := "no ring yet (not bound)"
 	if s.Ring >= 0 {
 		ring = "ring " + strconv.Itoa(s.Ring)
-		if dr, err := v.t.daemonFile(); err == nil {
-			if ds, err := dr.Read(); err == nil {
-				ring += " (" + ringName(ds, s.Ring) + ")"
-			}
+		if ds, err := v.daemonSnap(); err == nil {
+			ring += " (" + ringName(ds, s.Ring) + ")"
 		}
 	}
 	var flags []string
@@ -434,28 +454,27 @@ func (v *viewer) groups(clients []*stats.Snapshot) {
 	w := v.w
 	fmt.Fprintf(w, "%-40s %-40s %8s  %-24s %s\n", "group", "source", "socket", "local address", "pid")
 	n := 0
-	for _, c := range clients {
-		for i := range c.Sockets {
-			s := &c.Sockets[i]
-			if !v.o.sockets.match(s.ID) {
-				continue
+	list, note := v.shown(clients)
+	for _, l := range list {
+		s, c := l.s, l.c
+		for _, g := range s.Groups {
+			src := "*"
+			if g.Source.IsValid() {
+				src = g.Source.String()
 			}
-			for _, g := range s.Groups {
-				src := "*"
-				if g.Source.IsValid() {
-					src = g.Source.String()
-				}
-				fmt.Fprintf(w, "%-40s %-40s %8d  %-24s %d\n", g.Group, src, s.ID,
-					addrString(s.Local, s.Flags&stats.SocketBound != 0), c.Header.PID)
-				n++
-			}
-			if s.GroupCount > len(s.Groups) {
-				fmt.Fprintf(w, "%-40s %-40s %8d  (%d more memberships not listed)\n", "...", "", s.ID, s.GroupCount-len(s.Groups))
-			}
+			fmt.Fprintf(w, "%-40s %-40s %8d  %-24s %d\n", g.Group, src, s.ID,
+				addrString(s.Local, s.Flags&stats.SocketBound != 0), c.Header.PID)
+			n++
+		}
+		if s.GroupCount > len(s.Groups) {
+			fmt.Fprintf(w, "%-40s %-40s %8d  (%d more memberships not listed)\n", "...", "", s.ID, s.GroupCount-len(s.Groups))
 		}
 	}
 	if n == 0 {
 		fmt.Fprintln(w, "(no multicast memberships)")
+	}
+	if note != "" {
+		fmt.Fprintf(w, "Shown: the memberships of %s\n", note)
 	}
 	fmt.Fprintln(w, strings.Repeat("-", len(separator)))
 }
@@ -464,30 +483,76 @@ func (v *viewer) groups(clients []*stats.Snapshot) {
 func (v *viewer) netstat(clients []*stats.Snapshot) {
 	w := v.w
 	fmt.Fprintf(w, "%-6s %-8s %8s %8s %-46s %-46s %s\n", "Proto", "Offload", "Recv-Q", "Send-Q", "Local Address", "Foreign Address", "PID/Program name")
-	for _, c := range clients {
+	list, note := v.shown(clients)
+	for _, l := range list {
+		s, c := l.s, l.c
 		name := c.Header.Command
 		if name == "" {
 			name = c.Header.Program
 		}
-		for i := range c.Sockets {
-			s := &c.Sockets[i]
-			if !v.o.sockets.match(s.ID) {
-				continue
-			}
-			proto := "udp"
-			if s.Family == unix.AF_INET6 {
-				proto = "udp6"
-			}
-			offload := "Yes"
-			if s.Flags&stats.SocketBound == 0 {
-				offload = "No"
-			}
-			fmt.Fprintf(w, "%-6s %-8s %8d %8d %-46s %-46s %d/%s\n", proto, offload,
-				s.Counters[stats.SockRXQueueBytes], s.Counters[stats.SockTXQueueBytes],
-				addrString(s.Local, s.Flags&stats.SocketBound != 0), addrString(s.Peer, s.Flags&stats.SocketConnected != 0),
-				c.Header.PID, name)
+		proto := "udp"
+		if s.Family == unix.AF_INET6 {
+			proto = "udp6"
 		}
+		offload := "Yes"
+		if s.Flags&stats.SocketBound == 0 {
+			offload = "No"
+		}
+		fmt.Fprintf(w, "%-6s %-8s %8d %8d %-46s %-46s %d/%s\n", proto, offload,
+			s.Counters[stats.SockRXQueueBytes], s.Counters[stats.SockTXQueueBytes],
+			addrString(s.Local, s.Flags&stats.SocketBound != 0), addrString(s.Peer, s.Flags&stats.SocketConnected != 0),
+			c.Header.PID, name)
 	}
+	if note != "" {
+		fmt.Fprintf(w, "Shown: %s\n", note)
+	}
+}
+
+// clientTable prints the daemon's clients, one line each from their
+// files' summary blocks (never their socket blocks): totals per client
+// however many sockets they have. In delta mode the counters are totals
+// too (the daemon's previous snapshot holds no clients).
+func (v *viewer) clientTable() error {
+	clients, err := v.t.clientSummaries()
+	if err != nil {
+		return err
+	}
+	if len(clients) == 0 {
+		return nil
+	}
+	activity := func(c *stats.Snapshot) uint64 { return socketActivity(&c.Client.Totals) }
+	list, note := cut(clients, v.o.paging(len(clients), false), activity, "client")
+	fmt.Fprintf(v.w, "%-24s %8s  %10s %10s  %10s %10s  %10s\n", "client (pid command)", "sockets", "rx pkt", "rx Kbyte", "tx pkt", "tx Kbyte", "drops")
+	for _, c := range list {
+		t := &c.Client.Totals
+		name := c.Header.Command
+		if name == "" {
+			name = c.Header.Program
+		}
+		fmt.Fprintf(v.w, "%-24s %8d  %10d %10d  %10d %10d  %10d\n", strconv.Itoa(c.Header.PID)+" "+name, c.Client.Sockets,
+			t[stats.SockRXPackets], kb(t[stats.SockRXBytes]), t[stats.SockTXPackets], kb(t[stats.SockTXBytes]),
+			t[stats.SockRXDropped]+t[stats.SockTXErrors]+t[stats.SockTXUnreachable])
+	}
+	if note != "" {
+		fmt.Fprintf(v.w, "Shown: %s\n", note)
+	}
+	return nil
+}
+
+// daemonSnap reads the daemon's file once per cycle (view 3 names the
+// ring of every socket it shows).
+func (v *viewer) daemonSnap() (*stats.Snapshot, error) {
+	if v.dsnap != nil {
+		return v.dsnap, nil
+	}
+	dr, err := v.t.daemonFile()
+	if err != nil {
+		return nil, err
+	}
+	if v.dsnap, err = dr.Read(); err != nil {
+		return nil, err
+	}
+	return v.dsnap, nil
 }
 
 // printDaemon prints the daemon's own file in the chosen view.
@@ -524,6 +589,9 @@ func (v *viewer) printDaemon() error {
 			name := fmt.Sprintf("[%d] %s:%d", r.Index, r.Interface, r.Queue)
 			fmt.Fprintf(w, "%-16s Rx: %10d %10d %10d\n", name, c(stats.RingRXPackets), kb(c(stats.RingRXBytes)), rxDrops)
 			fmt.Fprintf(w, "%-16s Tx: %10d %10d %10d\n", "", c(stats.RingTXPackets), kb(c(stats.RingTXBytes)), txDrops)
+		}
+		if err := v.clientTable(); err != nil {
+			return err
 		}
 		fmt.Fprintln(w, strings.Repeat("-", len(separator)))
 	case 3:
