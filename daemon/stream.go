@@ -107,7 +107,7 @@ func (s *session) streamBind(k *socket, addr netip.AddrPort) (netip.AddrPort, er
 	if err := ri.downErr(); err != nil {
 		return netip.AddrPort{}, fmt.Errorf("bind %v: %w", addr, err)
 	}
-	b, err := ri.ring().BindTCP(addr)
+	b, err := ri.ring().BindTCP(addr, k.reuseAddr)
 	if err != nil {
 		return netip.AddrPort{}, err
 	}
@@ -316,6 +316,7 @@ func (s *session) streamConnect(k *socket, peer netip.AddrPort) error {
 	st := k.stream
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
+	st.binding.SetReuseAddr(k.reuseAddr)
 	c, err := st.binding.Connect(ctx, peer, st.opts.apply)
 	if err != nil {
 		return err

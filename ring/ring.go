@@ -115,6 +115,9 @@ type Config struct {
 	// ResolveTimeout bounds neighbour resolution for a new destination
 	// (default 3s).
 	ResolveTimeout time.Duration
+	// TCPTimeWait is how long the TCP stack keeps a closed connection in
+	// TIME-WAIT, holding its port (0: 60 s, as Linux). Tests shorten it.
+	TCPTimeWait time.Duration
 	// Reassembly bounds IP fragment reassembly.
 	Reassembly reassembly.Config
 	// HWTimestamps is the requested hardware timestamp conversion mode

@@ -35,6 +35,8 @@ type tcpState struct {
 	// stalled: the engine left outbound packets queued for a next hop
 	// being resolved (engine-owned).
 	stalled bool
+	// ports counts the kernel port reservations TCP sockets hold.
+	ports atomic.Int64
 }
 
 // TCPStack returns the ring's TCP stack, creating it on first use.
@@ -49,7 +51,7 @@ func (r *Ring) TCPStack() (*tcpstack.Stack, error) {
 	}
 	// Segments leave as single frames: the MSS follows the interface MTU
 	// as far as the ring's frames carry it (mtu.go).
-	s, err := tcpstack.New(tcpstack.Config{MTU: min(r.MTU(), r.maxMTU()), Log: r.log, CongestionControl: r.cfg.TCPCongestion, Wake: func() {
+	s, err := tcpstack.New(tcpstack.Config{MTU: min(r.MTU(), r.maxMTU()), Log: r.log, CongestionControl: r.cfg.TCPCongestion, TimeWait: r.cfg.TCPTimeWait, Wake: func() {
 		if r.sleeping.Load() {
 			_ = r.doorbell.Wake()
 		}
@@ -69,6 +71,10 @@ func (r *Ring) TCPStats() tcpstack.Stats {
 	}
 	return tcpstack.Stats{}
 }
+
+// TCPPorts returns how many kernel port reservations the ring's TCP
+// sockets and connections hold (connections in TIME-WAIT included).
+func (r *Ring) TCPPorts() int { return int(r.tcp.ports.Load()) }
 
 // TCPConnections lists the connections of the ring's TCP stack (none
 // before the first TCP socket).
@@ -245,32 +251,101 @@ func (e *engine) tcpPending() bool {
 // ---- ports and steering ----
 
 // tcpPort is a reserved local TCP port shared by a listener and the
-// connections it accepted: the kernel keeps it for us until the last of
-// them is gone.
+// connections it accepted, or held by one connection: the kernel keeps it
+// for us until the last of them is gone, TIME-WAIT included. Releasing it
+// when a connection entered TIME-WAIT let the kernel hand the same port to
+// the next connect while the stack still held the old connection on it
+// (EADDRINUSE after a few hundred connect/close cycles: a birthday
+// collision in the odd half of the ephemeral range). Holding it also
+// makes the kernel's ephemeral choice (bind to port 0, which never picks
+// a port any socket holds) skip every port in TIME-WAIT here.
+//
+// While a binding or a listener holds the port, it is exclusively ours.
+// Once only connections hold it, the reservation lets a socket that sets
+// SO_REUSEADDR bind the port if the port's own socket set it: Linux's
+// rule (two sockets that both set it conflict only when one listens), so
+// that a restarted server binds again while its old connections close.
 type tcpPort struct {
 	resv *route.Reservation
-	refs atomic.Int32
+	// reuse is SO_REUSEADDR of the socket that bound the port.
+	reuse atomic.Bool
+	// onRelease, when not nil, is called once the reservation is closed.
+	onRelease func()
+
+	mu sync.Mutex
+	// refs counts the holders (connections in TIME-WAIT included), owner
+	// whether a binding or listener is one of them; shared: SO_REUSEADDR
+	// is on on the reservation.
+	refs   int
+	owner  bool
+	shared bool
 }
 
-func (p *tcpPort) ref() *tcpPort { p.refs.Add(1); return p }
+// ref adds a connection as a holder.
+func (p *tcpPort) ref() *tcpPort {
+	p.mu.Lock()
+	p.refs++
+	p.mu.Unlock()
+	return p
+}
 
+// unref drops a connection.
 func (p *tcpPort) unref() {
-	if p.refs.Add(-1) == 0 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refs--
+	p.settleLocked()
+}
+
+// disown drops the binding or listener; with connect, the binding's
+// holding passes to its connection (connected is true).
+func (p *tcpPort) disown(connected bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.owner = false
+	if !connected {
+		p.refs--
+	}
+	p.settleLocked()
+}
+
+func (p *tcpPort) settleLocked() {
+	switch {
+	case p.refs == 0:
 		_ = p.resv.Close()
+		if p.onRelease != nil {
+			p.onRelease()
+		}
+	case !p.owner && p.reuse.Load() && !p.shared:
+		p.shared = p.resv.SetReuseAddr(true) == nil
 	}
 }
 
-func (r *Ring) reserveTCP(addr netip.AddrPort) (*tcpPort, error) {
+// reserveTCP reserves addr's port in the kernel. With reuse
+// (SO_REUSEADDR), a port whose holders are all in TIME-WAIT (here, or a
+// kernel socket's) is taken too; the reservation is exclusive afterwards
+// either way. It binds without SO_REUSEADDR first: the kernel remembers
+// the first binder's flag for the port and would let later SO_REUSEADDR
+// binders share it without looking at ours again.
+func (r *Ring) reserveTCP(addr netip.AddrPort, reuse bool) (*tcpPort, error) {
 	network := "tcp6"
 	if addr.Addr().Is4() {
 		network = "tcp4"
 	}
 	resv, err := route.ReservePort(r.ns, network, addr)
+	if err != nil && reuse && addr.Port() != 0 && errors.Is(err, unix.EADDRINUSE) {
+		if resv, err = route.ReservePort(r.ns, network, addr, route.ReserveOptions{ReuseAddr: true}); err == nil {
+			if err = resv.SetReuseAddr(false); err != nil {
+				_ = resv.Close()
+			}
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
-	p := &tcpPort{resv: resv}
-	p.refs.Store(1)
+	r.tcp.ports.Add(1)
+	p := &tcpPort{resv: resv, refs: 1, owner: true, onRelease: func() { r.tcp.ports.Add(-1) }}
+	p.reuse.Store(reuse)
 	return p, nil
 }
 
@@ -337,18 +412,25 @@ type TCPBinding struct {
 	dsts []netip.Addr
 	port *tcpPort
 	used atomic.Bool
-	// reuseAddr: SO_REUSEADDR for Listen (SetReuseAddr).
+	// reuseAddr: SO_REUSEADDR (SetReuseAddr).
 	reuseAddr bool
 }
 
-// SetReuseAddr sets SO_REUSEADDR for Listen: a listener may take a port
-// whose earlier connections still wait in TIME_WAIT (a restarted server).
-func (b *TCPBinding) SetReuseAddr(on bool) { b.reuseAddr = on }
+// SetReuseAddr sets SO_REUSEADDR for Listen and Connect: a listener may
+// take a port whose earlier connections still wait in TIME-WAIT (a
+// restarted server), a connection may leave from one (to another peer),
+// and once this socket's own connections wait in TIME-WAIT, a later
+// socket setting it may bind the port.
+func (b *TCPBinding) SetReuseAddr(on bool) {
+	b.reuseAddr = on
+	b.port.reuse.Store(on)
+}
 
 // BindTCP binds addr (an address of the interface, or the unspecified
 // address of a family; port 0 picks a free port) and reserves the port in
-// the kernel.
-func (r *Ring) BindTCP(addr netip.AddrPort) (*TCPBinding, error) {
+// the kernel. reuseAddr is SO_REUSEADDR: a port whose connections all wait
+// in TIME-WAIT may be bound again if they set it too.
+func (r *Ring) BindTCP(addr netip.AddrPort, reuseAddr bool) (*TCPBinding, error) {
 	addr = unmap(addr)
 	fail := func(err error) error {
 		return fmt.Errorf("ring %s/%d: bind tcp %v: %w", r.cfg.Interface, r.cfg.Queue, addr, err)
@@ -378,11 +460,11 @@ func (r *Ring) BindTCP(addr netip.AddrPort) (*TCPBinding, error) {
 	if len(dsts) == 0 {
 		return nil, fail(fmt.Errorf("%s has no %s address: %w", r.cfg.Interface, familyName(addr.Addr()), unix.EADDRNOTAVAIL))
 	}
-	port, err := r.reserveTCP(addr)
+	port, err := r.reserveTCP(addr, reuseAddr)
 	if err != nil {
 		return nil, fail(err)
 	}
-	return &TCPBinding{r: r, s: s, local: unmap(port.resv.Addr()), dsts: dsts, port: port}, nil
+	return &TCPBinding{r: r, s: s, local: unmap(port.resv.Addr()), dsts: dsts, port: port, reuseAddr: reuseAddr}, nil
 }
 
 // LocalAddr returns the bound address with its port.
@@ -392,7 +474,7 @@ func (b *TCPBinding) LocalAddr() netip.AddrPort { return b.local }
 // connected.
 func (b *TCPBinding) Close() {
 	if !b.used.Swap(true) {
-		b.port.unref()
+		b.port.disown(false)
 	}
 }
 
@@ -422,7 +504,7 @@ type TCPListener struct {
 // ListenTCP binds addr (see BindTCP) and listens with room for backlog
 // connections waiting for Accept (0: 128).
 func (r *Ring) ListenTCP(addr netip.AddrPort, backlog int) (*TCPListener, error) {
-	b, err := r.BindTCP(addr)
+	b, err := r.BindTCP(addr, false)
 	if err != nil {
 		return nil, err
 	}
@@ -446,7 +528,7 @@ func (b *TCPBinding) Listen(backlog int) (*TCPListener, error) {
 	l := &TCPListener{r: r, local: b.local, port: b.port, done: make(chan struct{})}
 	var err error
 	if l.l, err = b.s.Listen(b.local, backlog, b.reuseAddr); err != nil {
-		b.port.unref()
+		b.port.disown(false)
 		return nil, fmt.Errorf("ring %s/%d: listen tcp %v: %w", r.cfg.Interface, r.cfg.Queue, b.local, err)
 	}
 	for _, d := range b.dsts {
@@ -454,7 +536,7 @@ func (b *TCPBinding) Listen(backlog int) (*TCPListener, error) {
 	}
 	if err := r.steerTCP(l.flows); err != nil {
 		l.l.Close()
-		b.port.unref()
+		b.port.disown(false)
 		return nil, fmt.Errorf("ring %s/%d: listen tcp %v: %w", r.cfg.Interface, r.cfg.Queue, b.local, err)
 	}
 	return l, nil
@@ -533,7 +615,7 @@ func (l *TCPListener) Close() error {
 		close(l.done)
 		l.l.Close()
 		l.r.unsteerTCP(l.flows)
-		l.port.unref()
+		l.port.disown(false)
 	})
 	return nil
 }
@@ -571,7 +653,7 @@ func (r *Ring) ConnectTCP(ctx context.Context, laddr, raddr netip.AddrPort) (*TC
 		}
 		laddr = netip.AddrPortFrom(next.Src.Unmap(), laddr.Port())
 	}
-	b, err := r.BindTCP(laddr)
+	b, err := r.BindTCP(laddr, false)
 	if err != nil {
 		return nil, err
 	}
@@ -616,14 +698,15 @@ func (b *TCPBinding) Connect(ctx context.Context, raddr netip.AddrPort, setup fu
 	c := &TCPConn{r: r, port: b.port, local: local, peer: raddr,
 		flow: qp.Flow{Proto: unix.IPPROTO_TCP, Dst: local, Src: raddr}}
 	if err := r.steerTCP([]qp.Flow{c.flow}); err != nil {
-		b.port.unref()
+		b.port.disown(false)
 		return nil, fail(err)
 	}
-	if c.ep, err = b.s.Connect(local, raddr, setup); err != nil {
+	if c.ep, err = b.s.Connect(local, raddr, b.reuseAddr, setup); err != nil {
 		r.unsteerTCP([]qp.Flow{c.flow})
-		b.port.unref()
+		b.port.disown(false)
 		return nil, fail(err)
 	}
+	b.port.disown(true)
 	return c, nil
 }
 
@@ -704,19 +787,76 @@ func (c *TCPConn) reap() {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	// The port is free at once (a server restarting on it binds again, as
-	// with SO_REUSEADDR in the kernel). Segments the peer had in flight
-	// when the connection ended (after a reset, a whole window of them)
-	// still arrive for a while: while the flow is steered the stack
+	// The kernel keeps the port while the stack holds the connection on
+	// it, TIME-WAIT included (see tcpPort). Segments the peer had in
+	// flight when the connection ended (after a reset, a whole window of
+	// them) still arrive for a while: while the flow is steered the stack
 	// answers them; unsteered, they reach the kernel, which answers with
-	// resets of its own and counts them. Flow entries are counted, so a
-	// new connection with the same addresses keeps its own.
-	c.port.unref()
+	// resets of its own and counts them (in TIME-WAIT, only a
+	// retransmitted FIN can come: the peer's LAST-ACK then ends on the
+	// reset). Flow entries are counted, so a new connection with the same
+	// addresses keeps its own.
+	if c.ep.TimeWait() {
+		c.holdTimeWait()
+	} else {
+		c.port.unref()
+	}
 	select {
 	case <-c.r.done:
 	case <-time.After(straggleTime):
 	}
 	c.r.unsteerTCP([]qp.Flow{c.flow})
+}
+
+// holdTimeWait gives the connection's share of the port back when its
+// TIME-WAIT ends, without a goroutine meanwhile: the stack notifies the
+// endpoint's waiters then (the timer expired, or the stack closed); a
+// slow timer looks again in case no notification comes (TIME-WAIT is
+// extended by segments that arrive in it).
+func (c *TCPConn) holdTimeWait() {
+	var (
+		once  sync.Once
+		entry waiter.Entry
+		timer *time.Timer
+	)
+	release := func() {
+		once.Do(func() {
+			c.ep.WQ.EventUnregister(&entry)
+			timer.Stop()
+			c.port.unref()
+		})
+	}
+	timer = time.AfterFunc(c.r.tcpTimeWait()+time.Second, func() {
+		if c.ep.TimeWait() {
+			timer.Reset(timeWaitRecheck)
+			return
+		}
+		release()
+	})
+	// Notify holds the queue's lock while it calls back: unregister
+	// from another goroutine.
+	entry = waiter.NewFunctionEntry(waiter.EventHUp|waiter.EventErr, func(waiter.EventMask) {
+		if !c.ep.TimeWait() {
+			go release()
+		}
+	})
+	c.ep.WQ.EventRegister(&entry)
+	if !c.ep.TimeWait() {
+		release()
+	}
+}
+
+// timeWaitRecheck is how often a connection whose TIME-WAIT outlasted the
+// stack's timeout (extended by a segment) is looked at again.
+const timeWaitRecheck = 5 * time.Second
+
+// tcpTimeWait is how long the ring's stack keeps a connection in
+// TIME-WAIT.
+func (r *Ring) tcpTimeWait() time.Duration {
+	if s := r.tcp.stack.Load(); s != nil {
+		return s.TimeWaitTimeout()
+	}
+	return 0
 }
 
 // straggleTime is how long a finished connection's flow stays steered to

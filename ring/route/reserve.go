@@ -194,3 +194,21 @@ func (r *Reservation) Close() error {
 	}
 	return nil
 }
+
+// SetReuseAddr turns SO_REUSEADDR of the reservation's socket on or off.
+// The kernel reads it when another socket binds the port: with it on, a
+// binder that sets SO_REUSEADDR too may share the (never listening) port,
+// as a TCP socket in TIME-WAIT lets a restarted server bind; with it off,
+// the port is exclusively ours. Ports bound with port 0 are never chosen
+// while any socket holds them, either way.
+func (r *Reservation) SetReuseAddr(on bool) error {
+	v := 0
+	if on {
+		v = 1
+	}
+	err := r.withFD(func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, v) })
+	if err != nil {
+		return fmt.Errorf("route: %s reservation %v: set SO_REUSEADDR %d: %w", r.network, r.addr, v, err)
+	}
+	return nil
+}

@@ -68,14 +68,18 @@ func (l *Listener) Close() { l.EP.Close() }
 
 // Connect starts connecting from laddr (a concrete address and port the
 // caller reserved) to raddr and returns at once; the endpoint becomes
-// writable when the handshake ends (Err then tells how). setup, when not
-// nil, sets options before the SYN is sent.
-func (s *Stack) Connect(laddr, raddr netip.AddrPort, setup func(tcpip.Endpoint)) (*Endpoint, error) {
+// writable when the handshake ends (Err then tells how). reuseAddr is
+// SO_REUSEADDR: laddr may be a port whose connections wait in TIME-WAIT
+// (if they set it too), to another peer: a connection with the same
+// addresses fails with EADDRNOTAVAIL, as on Linux. setup, when not nil,
+// sets options before the SYN is sent.
+func (s *Stack) Connect(laddr, raddr netip.AddrPort, reuseAddr bool, setup func(tcpip.Endpoint)) (*Endpoint, error) {
 	wq := &waiter.Queue{}
 	ep, terr := s.s.NewEndpoint(tcp.ProtocolNumber, netProto(raddr.Addr().Unmap()), wq)
 	if terr != nil {
 		return nil, fmt.Errorf("tcpstack: connect %v: %w", raddr, Errno(terr))
 	}
+	ep.SocketOptions().SetReuseAddress(reuseAddr)
 	if terr := ep.Bind(fullAddr(laddr)); terr != nil {
 		ep.Close()
 		return nil, fmt.Errorf("tcpstack: connect %v: bind %v: %w", raddr, laddr, Errno(terr))
@@ -86,7 +90,13 @@ func (s *Stack) Connect(laddr, raddr netip.AddrPort, setup func(tcpip.Endpoint))
 	terr = ep.Connect(fullAddr(raddr))
 	if _, started := terr.(*tcpip.ErrConnectStarted); terr != nil && !started {
 		ep.Close()
-		return nil, fmt.Errorf("tcpstack: connect %v: %w", raddr, Errno(terr))
+		errno := Errno(terr)
+		if _, inUse := terr.(*tcpip.ErrPortInUse); inUse {
+			// The bind succeeded: the addresses are a connection's
+			// still (TIME-WAIT), which Linux's connect reports so.
+			errno = unix.EADDRNOTAVAIL
+		}
+		return nil, fmt.Errorf("tcpstack: connect %v from %v: %w", raddr, laddr, errno)
 	}
 	return &Endpoint{EP: ep, WQ: wq}, nil
 }
@@ -102,12 +112,22 @@ func (e *Endpoint) Connecting() bool {
 	return st == tcp.StateConnecting || st == tcp.StateSynSent || st == tcp.StateSynRecv
 }
 
-// Finished reports whether the connection no longer needs its steering
-// and port: closed, failed, or in TIME-WAIT (where only a retransmitted
-// FIN can still arrive).
+// Finished reports whether the connection no longer needs its steering:
+// closed, failed, or in TIME-WAIT (where only a retransmitted FIN can
+// still arrive).
 func (e *Endpoint) Finished() bool {
+	return e.TimeWait() || e.Closed()
+}
+
+// TimeWait reports whether the connection waits in TIME-WAIT: it still
+// holds its addresses in the stack.
+func (e *Endpoint) TimeWait() bool { return tcp.EndpointState(e.EP.State()) == tcp.StateTimeWait }
+
+// Closed reports whether the connection is gone from the stack (closed or
+// failed) and holds nothing there any more.
+func (e *Endpoint) Closed() bool {
 	switch tcp.EndpointState(e.EP.State()) {
-	case tcp.StateClose, tcp.StateError, tcp.StateTimeWait, tcp.StateInitial, tcp.StateBound:
+	case tcp.StateClose, tcp.StateError, tcp.StateInitial, tcp.StateBound:
 		return true
 	}
 	return false

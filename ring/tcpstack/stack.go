@@ -39,6 +39,9 @@ type Config struct {
 	// the module in go.mod bounds the target at cwnd (RFC 9438 4.2).
 	// TestTCPLoss at 5% loss is the regression test.
 	CongestionControl string
+	// TimeWait is how long a closed connection stays in TIME-WAIT (0:
+	// gVisor's default, 60 s, as Linux).
+	TimeWait time.Duration
 	// Log receives the stack's rare events (nil: none).
 	Log *zap.Logger
 }
@@ -87,6 +90,9 @@ func New(cfg Config) (*Stack, error) {
 		ptr(tcpip.CongestionControlOption(cfg.CongestionControl)),
 		ptr(tcpip.TCPModerateReceiveBufferOption(true)),
 	}
+	if cfg.TimeWait > 0 {
+		opts = append(opts, ptr(tcpip.TCPTimeWaitTimeoutOption(cfg.TimeWait)))
+	}
 	for _, o := range opts {
 		if err := s.SetTransportProtocolOption(tcp.ProtocolNumber, o); err != nil {
 			s.Close()
@@ -123,6 +129,16 @@ func (s *Stack) AddAddress(addr netip.Addr) error {
 	}
 	s.addrs[addr] = true
 	return nil
+}
+
+// TimeWaitTimeout is how long a connection stays in TIME-WAIT (gVisor's
+// default, 60 s, as Linux's).
+func (s *Stack) TimeWaitTimeout() time.Duration {
+	var tw tcpip.TCPTimeWaitTimeoutOption
+	if err := s.s.TransportProtocolOption(tcp.ProtocolNumber, &tw); err != nil {
+		return tcp.DefaultTCPTimeWaitTimeout
+	}
+	return time.Duration(tw)
 }
 
 // Close stops the stack: every connection is aborted (its peer gets a
