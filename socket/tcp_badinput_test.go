@@ -1,13 +1,20 @@
 package socket
 
 import (
+	"bytes"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/bypassd/bypassd/internal/netlab"
+	"github.com/bypassd/bypassd/stats"
 )
 
 // TestTCPConnectCloseCycles: a client that connects to one kernel server,
@@ -66,5 +73,180 @@ func TestTCPConnectCloseCycles(t *testing.T) {
 	}
 	if n := l.kernelOpens(t) - before; n != 0 {
 		t.Errorf("the kernel of the daemon's namespace opened %d TCP connections", n)
+	}
+}
+
+// openFDs counts this process's open descriptors (the daemon and its
+// clients share the test process).
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// checkReleased waits until the ring holds nothing for TCP any more (no
+// connection in its stack, no port reservation, no TCP flow steered) and
+// the client's session no socket or queue memory, and the process has no
+// more descriptors than fds.
+func (l *tcpLab) checkReleased(t *testing.T, fds int) {
+	t.Helper()
+	r := l.srv.Rings()[0]
+	tcpFlows := func() int {
+		flows, err := r.Flows()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, f := range flows {
+			if f.Proto == unix.IPPROTO_TCP {
+				n++
+			}
+		}
+		return n
+	}
+	path := stats.ClientPath(l.srv.Config.StatsDir, os.Getpid())
+	var snap *stats.Snapshot
+	state := func() string {
+		return fmt.Sprintf("connections %+v, %d port reservations, %d TCP flows, client %+v, %d descriptors (%d before)",
+			r.TCPConnections(), r.TCPPorts(), tcpFlows(), snap, openFDs(t), fds)
+	}
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var err error
+		snap, err = stats.ReadFile(path)
+		if err == nil && len(r.TCPConnections()) == 0 && r.TCPPorts() == 0 && tcpFlows() == 0 &&
+			snap.Client.Sockets == 0 && snap.Client.QueueMemory == 0 && openFDs(t) <= fds {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("not released after 15 s: %s", state())
+		}
+	}
+}
+
+// TestTCPPeerVanishes: the kernel peer vanishes in the middle of a
+// connection (every frame to and from it dropped on its link): with
+// keepalive (idle 1 s, 1 s between probes, 2 probes) an idle reader's
+// Read fails with ETIMEDOUT after about 3 s; with TCP_USER_TIMEOUT
+// 1,500 ms a connection in the middle of a transfer fails with ETIMEDOUT
+// after about that. Afterwards the daemon holds nothing of it: no
+// connection, port reservation, flow, socket, queue memory or descriptor.
+// The ring carried the bytes before; A's kernel opened no connection.
+func TestTCPPeerVanishes(t *testing.T) {
+	netlab.RequirePriv(t)
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		set      func(c *TCPConn) error
+		transfer bool // vanish while the client writes, not while idle
+		min, max time.Duration
+	}{
+		{"keepalive", func(c *TCPConn) error {
+			if err := c.SetKeepAlive(true); err != nil {
+				return err
+			}
+			if err := c.SetKeepAlivePeriod(time.Second); err != nil {
+				return err
+			}
+			return c.SetOption("TCP_KEEPCNT", 2)
+		}, false, 2 * time.Second, 15 * time.Second},
+		{"user-timeout", func(c *TCPConn) error { return c.SetOption("TCP_USER_TIMEOUT", 1500) }, true, time.Second, 15 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			l := newTCPLab(t)
+			kl := l.p.B.NS.ListenTCP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+			fds := openFDs(t)
+			before, rx0 := l.kernelOpens(t), l.srv.Rings()[0].Stats().TCPRXPackets.Load()
+			hello := payload(100_000, 7)
+			received := make(chan int, 1)
+			peer := make(chan net.Conn, 1)
+			go func() {
+				kc, err := kl.Accept()
+				if err != nil {
+					received <- -1
+					return
+				}
+				peer <- kc
+				_ = kc.SetDeadline(time.Now().Add(60 * time.Second))
+				if _, err := kc.Write(hello); err != nil {
+					received <- -1
+					return
+				}
+				n, _ := io.Copy(io.Discard, kc)
+				received <- int(n)
+			}()
+			c, err := l.c.DialTCP("tcp4", netip.AddrPort{}, kl.Addr().(*net.TCPAddr).AddrPort())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := tc.set(c); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(60 * time.Second))
+			got := make([]byte, len(hello))
+			if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, hello) {
+				t.Fatalf("read the peer's hello: %v", err)
+			}
+			writeDone := make(chan error, 1)
+			if tc.transfer {
+				// Write until the connection fails: the peer reads what
+				// arrives until it vanishes.
+				go func() {
+					buf := payload(64<<10, 8)
+					for {
+						if _, err := c.Write(buf); err != nil {
+							writeDone <- err
+							return
+						}
+					}
+				}()
+				time.Sleep(200 * time.Millisecond)
+			}
+			vanished := time.Now()
+			restore := l.p.B.Blackhole(t)
+			_, err = c.Read(make([]byte, 1))
+			took := time.Since(vanished)
+			t.Logf("read after the peer vanished: %v after %v", err, took.Round(time.Millisecond))
+			if !errors.Is(err, unix.ETIMEDOUT) {
+				t.Fatalf("read after the peer vanished: %v, want ETIMEDOUT", err)
+			}
+			if took < tc.min || took > tc.max {
+				t.Errorf("the connection timed out after %v, want %v..%v", took, tc.min, tc.max)
+			}
+			_ = c.Close()
+			if tc.transfer {
+				select {
+				case err := <-writeDone:
+					t.Logf("the writer ended with %v", err)
+				case <-time.After(10 * time.Second):
+					t.Fatal("a Write still blocks 10 s after the connection failed and was closed")
+				}
+			}
+			restore()
+			// The vanished host's socket is no business of the daemon's.
+			select {
+			case kc := <-peer:
+				_ = kc.Close()
+			case <-time.After(10 * time.Second):
+				t.Fatal("the kernel peer never accepted")
+			}
+			if n := l.kernelOpens(t) - before; n != 0 {
+				t.Errorf("the kernel of the daemon's namespace opened %d TCP connections", n)
+			}
+			if rx := l.srv.Rings()[0].Stats().TCPRXPackets.Load() - rx0; rx < uint64(len(hello)/1500) {
+				t.Errorf("the ring received %d TCP frames, fewer than the peer's %d bytes need", rx, len(hello))
+			}
+			t0 := time.Now()
+			l.checkReleased(t, fds)
+			t.Logf("released after %v", time.Since(t0).Round(time.Millisecond))
+			kl.Close()
+			if n := <-received; tc.transfer && n <= 0 {
+				t.Errorf("the peer received %d bytes before it vanished", n)
+			}
+		})
 	}
 }

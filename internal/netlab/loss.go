@@ -1,6 +1,7 @@
 package netlab
 
 import (
+	"sync"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -23,24 +24,45 @@ func (l *Link) Loss(tb testing.TB, percent int) {
 	if percent < 1 || percent > 99 {
 		tb.Fatalf("netlab: loss of %d%%: want 1..99", percent)
 	}
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name:    "netlab_loss",
-		Type:    ebpf.SchedCLS,
-		License: "MIT",
-		Instructions: asm.Instructions{
-			asm.FnGetPrandomU32.Call(),
-			asm.Mod.Imm(asm.R0, 100),
-			asm.JLT.Imm(asm.R0, int32(percent), "drop"),
-			asm.Mov.Imm(asm.R0, tcxPass),
-			asm.Return(),
-			asm.Mov.Imm(asm.R0, tcxDrop).WithSymbol("drop"),
-			asm.Return(),
-		},
+	l.drop(tb, "netlab_loss", asm.Instructions{
+		asm.FnGetPrandomU32.Call(),
+		asm.Mod.Imm(asm.R0, 100),
+		asm.JLT.Imm(asm.R0, int32(percent), "drop"),
+		asm.Mov.Imm(asm.R0, tcxPass),
+		asm.Return(),
+		asm.Mov.Imm(asm.R0, tcxDrop).WithSymbol("drop"),
+		asm.Return(),
 	})
+}
+
+// Blackhole drops every frame l receives and sends, as if the host behind
+// it vanished (its cable pulled: the kernel there still holds its sockets
+// but nothing reaches it or leaves it), until restore is called or the
+// test ends.
+func (l *Link) Blackhole(tb testing.TB) (restore func()) {
+	tb.Helper()
+	return l.drop(tb, "netlab_hole", asm.Instructions{asm.Mov.Imm(asm.R0, tcxDrop), asm.Return()})
+}
+
+// drop attaches the SchedCLS program insns to both directions of l; the
+// returned function detaches it (so does the test's end).
+func (l *Link) drop(tb testing.TB, name string, insns asm.Instructions) func() {
+	tb.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: name, Type: ebpf.SchedCLS, License: "MIT", Instructions: insns})
 	if err != nil {
-		tb.Fatalf("netlab: load the loss program: %v", err)
+		tb.Fatalf("netlab: load %s: %v", name, err)
 	}
-	tb.Cleanup(func() { _ = prog.Close() })
+	var links []link.Link
+	var once sync.Once
+	detach := func() {
+		once.Do(func() {
+			for _, lk := range links {
+				_ = lk.Close()
+			}
+			_ = prog.Close()
+		})
+	}
+	tb.Cleanup(detach)
 	for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
 		var lk link.Link
 		err := l.NS.Do(func() error {
@@ -49,8 +71,9 @@ func (l *Link) Loss(tb testing.TB, percent int) {
 			return err
 		})
 		if err != nil {
-			tb.Fatalf("netlab: attach the loss program to %s (%v): %v", l.Name, at, err)
+			tb.Fatalf("netlab: attach %s to %s (%v): %v", name, l.Name, at, err)
 		}
-		tb.Cleanup(func() { _ = lk.Close() })
+		links = append(links, lk)
 	}
+	return detach
 }

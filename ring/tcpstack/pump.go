@@ -77,6 +77,10 @@ type Pump struct {
 	txOff      int  // bytes of the current TX data record already written
 	txBlocked  bool // the endpoint's send buffer is full
 	wrFailed   bool // writes failed: queued data is dropped (the read side reports why)
+	// wrErr is the connection's error a failed write took: gVisor hands
+	// a connection's error (a timeout, a reset) to the first Read or
+	// Write that asks, so a Read after it sees only the end of the stream.
+	wrErr tcpip.Error
 	rxWant     int  // RX room the pump waits for (0: none)
 	rxDone     bool // EOF or Error reported: nothing more to the client
 	pending    *stream.Event
@@ -293,6 +297,9 @@ func (p *Pump) fromClient() (work, corrupt bool) {
 					continue
 				}
 				p.wrFailed = true
+				if _, shut := terr.(*tcpip.ErrClosedForSend); !shut {
+					p.wrErr = terr
+				}
 			}
 			p.stats.TXRecords.Add(1)
 		case stream.TypeEvent:
@@ -350,6 +357,9 @@ func (p *Pump) toClient() (work, corrupt bool) {
 				return work, false
 			case *tcpip.ErrClosedForReceive:
 				p.pending = &stream.Event{Kind: stream.EOF}
+				if p.wrErr != nil {
+					p.pending = &stream.Event{Kind: stream.Error, Errno: uint32(Errno(p.wrErr))}
+				}
 			default:
 				p.pending = &stream.Event{Kind: stream.Error, Errno: uint32(Errno(terr))}
 			}
