@@ -80,11 +80,11 @@ type Pump struct {
 	// wrErr is the connection's error a failed write took: gVisor hands
 	// a connection's error (a timeout, a reset) to the first Read or
 	// Write that asks, so a Read after it sees only the end of the stream.
-	wrErr tcpip.Error
-	rxWant     int  // RX room the pump waits for (0: none)
-	rxDone     bool // EOF or Error reported: nothing more to the client
-	pending    *stream.Event
-	rdr        bytes.Reader
+	wrErr   tcpip.Error
+	rxWant  int  // RX room the pump waits for (0: none)
+	rxDone  bool // EOF or Error reported: nothing more to the client
+	pending *stream.Event
+	rdr     bytes.Reader
 }
 
 // StartPump starts pumping between ep and the queues of cfg.
