@@ -140,7 +140,7 @@ var ringSeries = []struct {
 	{RingTCPRetransmits, counter("tcp_retransmits_total", "TCP segments retransmitted.", ringLabels...)},
 	{RingTCPFastRetransmits, counter("tcp_fast_retransmits_total", "TCP segments retransmitted in fast recovery.", ringLabels...)},
 	{RingTCPTimeouts, counter("tcp_timeouts_total", "Expiries of the TCP retransmission timer.", ringLabels...)},
-	{RingTCPInvalidSegments, counter("tcp_invalid_segments_total", "TCP segments dropped as invalid (checksum errors included).", ringLabels...)},
+	{RingTCPInvalidSegments, counter("tcp_invalid_segments_total", "TCP segments dropped as invalid: a malformed header (data offset below 5 or past the segment); checksum errors are counted apart.", ringLabels...)},
 	{RingTCPChecksumErrors, counter("tcp_checksum_errors_total", "TCP segments with a wrong checksum.", ringLabels...)},
 	{RingTCPSynCookies, counter("tcp_syn_cookies_sent_total", "SYN cookies sent because a listener's SYN queue was full.", ringLabels...)},
 	{RingTCPListenOverflows, counter("tcp_listen_overflows_total", "SYNs or handshake ACKs dropped because a listener's accept queue was full.", ringLabels...)},

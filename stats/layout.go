@@ -329,7 +329,7 @@ const (
 	RingTCPFastRetransmits                     // TCP segments retransmitted in fast recovery
 	RingTCPTimeouts                            // TCP retransmission timer expiries
 	RingTCPInvalidSegments                     // TCP segments dropped as invalid
-	RingTCPChecksumErrors                      // TCP segments with a wrong checksum (part of invalid)
+	RingTCPChecksumErrors                      // TCP segments dropped for a wrong checksum (not part of invalid)
 	RingTCPSynCookies                          // SYN cookies sent: a listener's SYN queue was full
 	RingTCPListenOverflows                     // SYNs or handshake ACKs dropped: a listener's accept queue was full
 	RingTCPStackDropped                        // packets the TCP stack's link dropped: its queue full, or not IP/TCP

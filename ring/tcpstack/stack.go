@@ -266,8 +266,9 @@ type Stats struct {
 	// (accept), currently established, failed attempts, resets sent
 	// and received, retransmitted segments, fast retransmits, timeouts
 	// (RTO), SACK and TLP recoveries, segments sent and received,
-	// segments received and dropped as invalid (checksum errors among
-	// them), SYN cookies sent because a listener's SYN queue was full,
+	// segments received and dropped as invalid (a malformed header;
+	// malformed options are skipped, as Linux skips them) and, apart,
+	// for a wrong checksum, SYN cookies sent because a listener's SYN queue was full,
 	// and SYNs or handshake ACKs dropped because its accept queue was.
 	ActiveOpens, PassiveOpens, Established, FailedAttempts   uint64
 	ResetsSent, ResetsReceived, Retransmits, FastRetransmits uint64
