@@ -17,6 +17,7 @@ type connOwner struct {
 	pid               int32
 	socket            uint32
 	bytesIn, bytesOut uint64
+	wakeups           uint64
 }
 
 func (d *Daemon) queryConnections(caller *session) (any, error) {
@@ -38,6 +39,7 @@ func (d *Daemon) queryConnections(caller *session) (any, error) {
 			if st.pump != nil {
 				o.bytesIn = st.pump.Stats().RXBytes.Load()
 				o.bytesOut = st.pump.Stats().TXBytes.Load()
+				o.wakeups = st.pump.Stats().Wakeups.Load()
 			}
 			owners[[2]netip.AddrPort{st.conn.LocalAddr(), st.conn.RemoteAddr()}] = o
 		}
@@ -59,7 +61,7 @@ func (d *Daemon) queryConnections(caller *session) (any, error) {
 				RTTMicros: c.RTT.Microseconds(), RTTVarMicros: c.RTTVar.Microseconds(), RTOMillis: c.RTO.Milliseconds(),
 				Cwnd: c.Cwnd, Ssthresh: c.Ssthresh, Retransmits: c.Retransmits, Timeouts: c.Timeouts,
 				SegmentsOut: c.SegmentsSent, SegmentsIn: c.SegmentsReceived, BytesIn: o.bytesIn, BytesOut: o.bytesOut,
-				SendQueued: c.SendQueued, RecvQueued: c.RecvQueued,
+				SendQueued: c.SendQueued, RecvQueued: c.RecvQueued, PumpWakeups: o.wakeups,
 			})
 		}
 	}

@@ -2,17 +2,22 @@ package socket
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bypassd/bypassd/internal/ctldoc"
+	"github.com/bypassd/bypassd/internal/ctlproto"
 	"github.com/bypassd/bypassd/internal/netlab"
 	"github.com/bypassd/bypassd/stats"
 )
@@ -249,4 +254,214 @@ func TestTCPPeerVanishes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// connDoc returns the connections topic's line of the connection from
+// local to remote.
+func (l *tcpLab) connDoc(t *testing.T, local, remote net.Addr) ctldoc.ConnectionDoc {
+	t.Helper()
+	a, err := ctlproto.DialAdmin(l.srv.SocketPath(), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	var doc ctldoc.ConnectionsDoc
+	if err := a.Query(ctldoc.TopicConnections, &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range doc.Connections {
+		if c.Local == local.String() && c.Remote == remote.String() {
+			return c
+		}
+	}
+	t.Fatalf("no connection %v -> %v in %+v", local, remote, doc.Connections)
+	return ctldoc.ConnectionDoc{}
+}
+
+// idleCost is what the daemon did for a connection over a while: engine
+// wake-ups, TCP frames each way, the connection's pump wake-ups.
+type idleCost struct{ wakeups, rx, tx, pump uint64 }
+
+func (l *tcpLab) cost(t *testing.T, c *TCPConn) idleCost {
+	st := l.srv.Rings()[0].Stats()
+	d := l.connDoc(t, c.LocalAddr(), c.RemoteAddr())
+	return idleCost{st.Wakeups.Load(), st.TCPRXPackets.Load(), st.TCPTXPackets.Load(), d.PumpWakeups}
+}
+
+// TestTCPZeroWindow: a window of 0 held for 5 s, either way, then opened.
+// Our client writes 8 MiB to a kernel peer that does not read (SO_RCVBUF
+// 4 KiB): the client's writer stops (the window closes all the way back
+// to its queue), and while it is held the daemon sends only window probes
+// and wakes its engine and the connection's pump a bounded number of
+// times (no spinning); when the peer reads, all 8 MiB arrive byte-exact.
+// The other way, a kernel peer writes 8 MiB to our client that does not
+// read: the kernel's writer stops, the daemon answers its probes, and
+// when the client reads, all 8 MiB arrive byte-exact.
+func TestTCPZeroWindow(t *testing.T) {
+	netlab.RequirePriv(t)
+	t.Parallel()
+	const (
+		size = 8 << 20
+		hold = 5 * time.Second
+	)
+	// Bounds of what 5 s of a held window may cost: probes back off
+	// from the RTO (a few per second at most), wake-ups follow them.
+	check := func(t *testing.T, what string, d idleCost) {
+		t.Logf("%s, over %v: %d engine wake-ups, %d TCP frames in, %d out, %d pump wake-ups", what, hold, d.wakeups, d.rx, d.tx, d.pump)
+		if d.wakeups > 1000 || d.rx > 200 || d.tx > 200 || d.pump > 200 {
+			t.Errorf("%s: the daemon did not stay idle: %+v", what, d)
+		}
+	}
+	sub := func(a, b idleCost) idleCost {
+		return idleCost{b.wakeups - a.wakeups, b.rx - a.rx, b.tx - a.tx, b.pump - a.pump}
+	}
+
+	t.Run("peer-not-reading", func(t *testing.T) {
+		t.Parallel()
+		l := newTCPLab(t)
+		var kl net.Listener
+		if err := l.p.B.NS.Do(func() error {
+			lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+				var serr error
+				err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
+				return errors.Join(err, serr)
+			}}
+			var err error
+			kl, err = lc.Listen(context.Background(), "tcp4", netip.AddrPortFrom(l.p.B.Addr4(), 0).String())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer kl.Close()
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			kc, err := kl.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- kc
+		}()
+		c, err := l.c.DialTCP("tcp4", netip.AddrPort{}, kl.Addr().(*net.TCPAddr).AddrPort())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		kc, ok := <-accepted
+		if !ok {
+			t.Fatal("the kernel peer did not accept")
+		}
+		out := payload(size, 31)
+		var written atomic.Int64
+		writeErr := make(chan error, 1)
+		go func() {
+			_ = c.SetWriteDeadline(time.Now().Add(60 * time.Second))
+			for off := 0; off < len(out); off += 64 << 10 {
+				n, err := c.Write(out[off:min(off+64<<10, len(out))])
+				written.Add(int64(n))
+				if err != nil {
+					writeErr <- err
+					return
+				}
+			}
+			writeErr <- c.CloseWrite()
+		}()
+		// The window closes once the buffers on the way are full.
+		var w0 int64
+		for end := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			w := written.Load()
+			if w == w0 && w > 0 {
+				break
+			}
+			w0 = w
+			if time.Now().After(end) || w == size {
+				t.Fatalf("the writer never stopped: %d of %d bytes written", w, size)
+			}
+		}
+		c0 := l.cost(t, c)
+		time.Sleep(hold)
+		check(t, "zero window at the peer", sub(c0, l.cost(t, c)))
+		if w := written.Load(); w != w0 {
+			t.Errorf("the writer went on from %d to %d bytes while the window was closed", w0, w)
+		}
+		t.Logf("held with %d of %d bytes written, %d queued in the stack", w0, size, l.connDoc(t, c.LocalAddr(), c.RemoteAddr()).SendQueued)
+		// The peer reads again: everything arrives.
+		peerErr := make(chan error, 1)
+		go func() { peerErr <- netlab.HashPeer(kc, nil, 60*time.Second) }()
+		if err := <-writeErr; err != nil {
+			t.Fatalf("write: %v", err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(60 * time.Second))
+		got, err := io.ReadAll(c)
+		if err != nil {
+			t.Fatalf("read the peer's hash: %v", err)
+		}
+		if err := netlab.CheckHashReply(out, got, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-peerErr; err != nil {
+			t.Fatalf("kernel peer: %v", err)
+		}
+	})
+
+	t.Run("client-not-reading", func(t *testing.T) {
+		t.Parallel()
+		l := newTCPLab(t)
+		kl := l.p.B.NS.ListenTCP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+		in := payload(size, 32)
+		var written atomic.Int64
+		peerErr := make(chan error, 1)
+		go func() {
+			kc, err := kl.Accept()
+			if err != nil {
+				peerErr <- err
+				return
+			}
+			defer kc.Close()
+			_ = kc.SetDeadline(time.Now().Add(60 * time.Second))
+			for off := 0; off < len(in); off += 64 << 10 {
+				n, err := kc.Write(in[off:min(off+64<<10, len(in))])
+				written.Add(int64(n))
+				if err != nil {
+					peerErr <- err
+					return
+				}
+			}
+			peerErr <- nil
+		}()
+		c, err := l.c.DialTCP("tcp4", netip.AddrPort{}, kl.Addr().(*net.TCPAddr).AddrPort())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		var w0 int64
+		for end := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			w := written.Load()
+			if w == w0 && w > 0 {
+				break
+			}
+			w0 = w
+			if time.Now().After(end) || w == size {
+				t.Fatalf("the kernel's writer never stopped: %d of %d bytes written", w, size)
+			}
+		}
+		c0 := l.cost(t, c)
+		time.Sleep(hold)
+		check(t, "zero window at the client", sub(c0, l.cost(t, c)))
+		if w := written.Load(); w != w0 {
+			t.Errorf("the kernel's writer went on from %d to %d bytes while our window was closed", w0, w)
+		}
+		t.Logf("held with %d of %d bytes written by the peer, %d queued in the stack", w0, size, l.connDoc(t, c.LocalAddr(), c.RemoteAddr()).RecvQueued)
+		_ = c.SetReadDeadline(time.Now().Add(60 * time.Second))
+		got := make([]byte, size)
+		if _, err := io.ReadFull(c, got); err != nil {
+			t.Fatalf("read: %v", err)
+		}
+		if !bytes.Equal(got, in) {
+			t.Fatal("the 8 MiB arrived, but not byte-exact")
+		}
+		if err := <-peerErr; err != nil {
+			t.Fatalf("kernel peer: %v", err)
+		}
+	})
 }

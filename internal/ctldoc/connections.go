@@ -50,4 +50,7 @@ type ConnectionDoc struct {
 	// buffers.
 	SendQueued int `json:"send_queued"`
 	RecvQueued int `json:"recv_queued"`
+	// PumpWakeups counts the times the daemon's goroutine serving the
+	// connection slept and woke up (0 for connections no client holds).
+	PumpWakeups uint64 `json:"pump_wakeups"`
 }

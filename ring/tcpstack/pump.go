@@ -50,6 +50,10 @@ type PumpStats struct {
 	RXBytes, TXBytes atomic.Uint64
 	// RXRecords and TXRecords count data records.
 	RXRecords, TXRecords atomic.Uint64
+	// Wakeups counts the pump's sleeps on its doorbell: what it costs
+	// while a connection waits (a closed window either way, an idle
+	// peer) stays bounded by the events that come, it never spins.
+	Wakeups atomic.Uint64
 }
 
 // Pump moves one connection's byte stream between its stack endpoint and a
@@ -215,6 +219,7 @@ func (p *Pump) sleep(finishing bool) {
 			deadline = time.Now().Add(100 * time.Millisecond)
 		}
 		_ = p.cfg.Bell.Wait(deadline)
+		p.stats.Wakeups.Add(1)
 	}
 	p.mu.Lock()
 	tx.DisarmReadWait()
