@@ -215,3 +215,43 @@ func TestTCPTimeWaitReuseAddr(t *testing.T) {
 		t.Fatalf("kernel client: %v", err)
 	}
 }
+
+// TestTCPTimeWaitRingClose: closing the ring ends the TIME-WAIT of its
+// connections (the stack aborts them) and gives their ports back at once.
+func TestTCPTimeWaitRingClose(t *testing.T) {
+	netlab.RequirePriv(t)
+	l := newLab(t, ring.Config{})
+	kl := l.p.B.NS.ListenTCP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	go func() {
+		if c, err := kl.Accept(); err == nil {
+			_, _ = io.Copy(io.Discard, c)
+			_ = c.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := l.r.DialTCP(ctx, netip.AddrPort{}, kl.Addr().(*net.TCPAddr).AddrPort())
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := c.LocalAddr().Port()
+	_ = c.Close()
+	if !waitFor(5*time.Second, func() bool {
+		cs := l.r.TCPConnections()
+		return len(cs) == 1 && cs[0].State == "TIME-WAIT"
+	}) {
+		t.Fatalf("want the connection in TIME-WAIT, have %+v", l.r.TCPConnections())
+	}
+	if l.r.TCPPorts() != 1 {
+		t.Fatalf("%d port reservations in TIME-WAIT, want 1", l.r.TCPPorts())
+	}
+	if err := l.r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(2*time.Second, func() bool { return l.r.TCPPorts() == 0 }) {
+		t.Fatalf("%d port reservations left after the ring closed", l.r.TCPPorts())
+	}
+	if err := kernelBind(l.p.A.NS, netip.AddrPortFrom(netip.IPv4Unspecified(), port), false); err != nil {
+		t.Errorf("kernel bind of port %d after the ring closed: %v", port, err)
+	}
+}
