@@ -473,6 +473,19 @@ func (r *Ring) Flows() ([]qp.Flow, error) {
 	return st.Flows()
 }
 
+// TCPFlows counts the TCP flows steered to the ring (listeners' 3-tuples,
+// connections' 5-tuples), as the kernel reports them.
+func (r *Ring) TCPFlows() (int, error) {
+	flows, err := r.Flows()
+	n := 0
+	for _, f := range flows {
+		if f.Proto == unix.IPPROTO_TCP {
+			n++
+		}
+	}
+	return n, err
+}
+
 // Done is closed when the engine has stopped: after Close, or when it failed
 // (then Err says why).
 func (r *Ring) Done() <-chan struct{} { return r.done }

@@ -46,15 +46,9 @@ func waitFor(d time.Duration, cond func() bool) bool {
 // tcpFlows counts the TCP flows steered to the ring.
 func tcpFlows(t *testing.T, r *ring.Ring) int {
 	t.Helper()
-	flows, err := r.Flows()
+	n, err := r.TCPFlows()
 	if err != nil {
 		t.Fatal(err)
-	}
-	n := 0
-	for _, f := range flows {
-		if f.Proto == unix.IPPROTO_TCP {
-			n++
-		}
 	}
 	return n
 }

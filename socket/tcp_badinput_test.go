@@ -100,15 +100,9 @@ func (l *tcpLab) checkReleased(t *testing.T, fds int) {
 	t.Helper()
 	r := l.srv.Rings()[0]
 	tcpFlows := func() int {
-		flows, err := r.Flows()
+		n, err := r.TCPFlows()
 		if err != nil {
 			t.Fatal(err)
-		}
-		n := 0
-		for _, f := range flows {
-			if f.Proto == unix.IPPROTO_TCP {
-				n++
-			}
 		}
 		return n
 	}
@@ -288,6 +282,18 @@ func (l *tcpLab) cost(t *testing.T, c *TCPConn) idleCost {
 	return idleCost{st.Wakeups.Load(), st.TCPRXPackets.Load(), st.TCPTXPackets.Load(), d.PumpWakeups}
 }
 
+// writeCounted writes b to w in 64 KiB pieces, counting what was taken.
+func writeCounted(w io.Writer, b []byte, written *atomic.Int64) error {
+	for off := 0; off < len(b); off += 64 << 10 {
+		n, err := w.Write(b[off:min(off+64<<10, len(b))])
+		written.Add(int64(n))
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // waitStalled waits until a writer's count stopped moving for a second
 // (the buffers on the way are full and the window closed; on a loaded
 // machine a goroutine can stall for a few hundred ms on its own) and
@@ -383,13 +389,9 @@ func TestTCPZeroWindow(t *testing.T) {
 		writeErr := make(chan error, 1)
 		go func() {
 			_ = c.SetWriteDeadline(time.Now().Add(60 * time.Second))
-			for off := 0; off < len(out); off += 64 << 10 {
-				n, err := c.Write(out[off:min(off+64<<10, len(out))])
-				written.Add(int64(n))
-				if err != nil {
-					writeErr <- err
-					return
-				}
+			if err := writeCounted(c, out, &written); err != nil {
+				writeErr <- err
+				return
 			}
 			writeErr <- c.CloseWrite()
 		}()
@@ -436,15 +438,7 @@ func TestTCPZeroWindow(t *testing.T) {
 			}
 			defer kc.Close()
 			_ = kc.SetDeadline(time.Now().Add(60 * time.Second))
-			for off := 0; off < len(in); off += 64 << 10 {
-				n, err := kc.Write(in[off:min(off+64<<10, len(in))])
-				written.Add(int64(n))
-				if err != nil {
-					peerErr <- err
-					return
-				}
-			}
-			peerErr <- nil
+			peerErr <- writeCounted(kc, in, &written)
 		}()
 		c, err := l.c.DialTCP("tcp4", netip.AddrPort{}, kl.Addr().(*net.TCPAddr).AddrPort())
 		if err != nil {
