@@ -81,10 +81,11 @@ type Pump struct {
 	txOff      int  // bytes of the current TX data record already written
 	txBlocked  bool // the endpoint's send buffer is full
 	wrFailed   bool // writes failed: queued data is dropped (the read side reports why)
-	// wrErr is the connection's error a failed write took: gVisor hands
-	// a connection's error (a timeout, a reset) to the first Read or
-	// Write that asks, so a Read after it sees only the end of the stream.
-	wrErr   tcpip.Error
+	// connErr is the connection's error a failed write or the end of
+	// the handshake took: gVisor hands a connection's error (a timeout,
+	// a reset) to the first call that asks, so a Read after it sees only
+	// the end of the stream.
+	connErr error
 	rxWant  int  // RX room the pump waits for (0: none)
 	rxDone  bool // EOF or Error reported: nothing more to the client
 	pending *stream.Event
@@ -245,7 +246,15 @@ func (p *Pump) step() (work, corrupt bool) {
 		}
 		p.connecting = false
 		work = true
-		if err := p.ep.Err(); err != nil {
+		err := p.ep.Err()
+		if errors.Is(err, unix.ECONNRESET) {
+			// Established, then reset before the pump looked (a
+			// reset in SYN-SENT is ECONNREFUSED): the connect
+			// succeeded, as Linux's does, and a read reports the
+			// reset.
+			p.connErr, err = err, nil
+		}
+		if err != nil {
 			p.pending = &stream.Event{Kind: stream.Error, Errno: uint32(errnoOf(err))}
 		} else {
 			local, _ := p.ep.Addrs()
@@ -303,7 +312,7 @@ func (p *Pump) fromClient() (work, corrupt bool) {
 				}
 				p.wrFailed = true
 				if _, shut := terr.(*tcpip.ErrClosedForSend); !shut {
-					p.wrErr = terr
+					p.connErr = Errno(terr)
 				}
 			}
 			p.stats.TXRecords.Add(1)
@@ -362,8 +371,8 @@ func (p *Pump) toClient() (work, corrupt bool) {
 				return work, false
 			case *tcpip.ErrClosedForReceive:
 				p.pending = &stream.Event{Kind: stream.EOF}
-				if p.wrErr != nil {
-					p.pending = &stream.Event{Kind: stream.Error, Errno: uint32(Errno(p.wrErr))}
+				if p.connErr != nil {
+					p.pending = &stream.Event{Kind: stream.Error, Errno: uint32(errnoOf(p.connErr))}
 				}
 			default:
 				p.pending = &stream.Event{Kind: stream.Error, Errno: uint32(Errno(terr))}
