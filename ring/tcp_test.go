@@ -306,7 +306,11 @@ func testTCPTSO(t *testing.T, provider string) {
 			errc <- err
 		}()
 		stop := capture(t, p.B)
-		c, err := l.r.DialTCP(ctx, netip.AddrPort{}, kl.Addr().(*net.TCPAddr).AddrPort())
+		// A dial context of its own: the IPv4 round's 4 MiB can take
+		// more than 10 s under the race detector on a loaded VM.
+		dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, err := l.r.DialTCP(dctx, netip.AddrPort{}, kl.Addr().(*net.TCPAddr).AddrPort())
+		dcancel()
 		if err != nil {
 			stop()
 			t.Fatalf("dial: %v", err)
