@@ -152,6 +152,7 @@ func (s *session) newSocketFor(h ctlproto.Header, family, typ uint16, queueBytes
 			k.close()
 			return nil, err
 		}
+		k.stream.quickAckThreshold = cfg.TCPQuickAckThreshold
 	}
 	return k, nil
 }

@@ -794,4 +794,5 @@ func tcpCounters(r *ring.Ring, c *stats.RingCounters) {
 	c[stats.RingTCPStackDropped] = t.RXDropped + t.TXDropped + t.TXNotTCP
 	c[stats.RingTCPTSOPackets] = t.TXTSOPackets
 	c[stats.RingTCPTSOFrames] = t.TXTSOFrames
+	c[stats.RingTCPDelayedAcks] = rs.TCPDelayedAcks.Load()
 }

@@ -57,6 +57,9 @@ type streamState struct {
 	abort bool
 	// opts are the socket's options (streamopt.go).
 	opts streamOpts
+	// quickAckThreshold is --tcp-quickack-threshold (0: off), applied
+	// while TCP_QUICKACK is on.
+	quickAckThreshold int
 }
 
 // listener serves a listening socket: its goroutine moves established
@@ -346,6 +349,7 @@ func (s *session) startPump(k *socket, c *ring.TCPConn, connecting bool) error {
 	bell, lane, slot, q := st.bell, st.lane, st.slot, k.q
 	ref, giveBack := s.mem.lendToPump()
 	st.conn = c
+	k.applyQuickAck()
 	st.pump = tcpstack.StartPump(c.Endpoint(), tcpstack.PumpConfig{TX: tx, RX: rx, RXWait: st.wake, TXWait: st.wake, Bell: bell,
 		Connecting: connecting, Done: func(abort bool) {
 			if abort {

@@ -132,6 +132,7 @@ func (k *socket) setStreamOption(level, name int32, value []byte) error {
 			o.noDelay = v != 0
 		case [2]int32{unix.IPPROTO_TCP, unix.TCP_QUICKACK}:
 			o.quickAck = v != 0
+			defer k.applyQuickAck()
 		case [2]int32{unix.IPPROTO_TCP, unix.TCP_MAXSEG}:
 			if st.conn != nil {
 				return fmt.Errorf("TCP_MAXSEG: set it before connecting: %w", unix.EINVAL)
@@ -211,4 +212,18 @@ func (k *socket) streamOption(level, name int32) []byte {
 		v = o.userTimeout
 	}
 	return intBytes(v)
+}
+
+// applyQuickAck gives a connected socket's connection the TCP_QUICKACK
+// threshold when TCP_QUICKACK is on (--tcp-quickack-threshold).
+func (k *socket) applyQuickAck() {
+	st := k.stream
+	if st == nil || st.conn == nil {
+		return
+	}
+	n := 0
+	if st.opts.quickAck {
+		n = st.quickAckThreshold
+	}
+	st.conn.SetQuickAckThreshold(n)
 }

@@ -77,6 +77,9 @@ type Stats struct {
 	// TCP stack (IP bytes); TCPTXPackets and TCPTXBytes the stack's
 	// packets sent.
 	TCPRXPackets, TCPRXBytes, TCPTXPackets, TCPTXBytes atomic.Uint64
+	// TCPDelayedAcks counts ACKs the engine held back under the
+	// TCP_QUICKACK threshold (tcp_delack.go).
+	TCPDelayedAcks atomic.Uint64
 	// TC are the counters of each traffic class (engine_qos.go).
 	TC [qos.NumTC]TCStats
 }
@@ -168,7 +171,9 @@ type engine struct {
 	dests map[destKey]*dest
 	tmpls map[tmplKey]tmplEntry
 	gen   uint64
-	reasm *reassembly.Reassembler
+	// delack is the delayed ACKs of TCP connections (tcp_delack.go).
+	delack delackState
+	reasm  *reassembly.Reassembler
 	// reasmStats is published for readers on other goroutines.
 	reasmStats atomic.Pointer[reassembly.Stats]
 	lastExpire time.Time

@@ -252,7 +252,7 @@ func (e *engine) paceCharge(ep *Endpoint, wire int) {
 // spin margin before the next departure, and notes when it means to wake.
 func (e *engine) paceTimeout(d time.Duration) time.Duration {
 	e.paceWake = 0
-	next, ok := e.wheel.Next()
+	next, ok := e.nextDeparture()
 	if !ok {
 		return d
 	}
@@ -262,6 +262,16 @@ func (e *engine) paceTimeout(d time.Duration) time.Duration {
 		e.paceWake = now + int64(d)
 	}
 	return d
+}
+
+// nextDeparture returns the earliest time the engine must act: a paced
+// endpoint's departure or a delayed TCP ACK's deadline.
+func (e *engine) nextDeparture() (int64, bool) {
+	next, ok := e.wheel.Next()
+	if t := e.delack.next; t != 0 && (!ok || t < next) {
+		next, ok = t, true
+	}
+	return next, ok
 }
 
 // paceWoke adapts the spin margin after a sleep shortened for a departure:
@@ -289,6 +299,6 @@ func (e *engine) paceWoke() {
 // paceImminent reports whether a departure is due within the spin margin:
 // the engine spins rather than sleeps.
 func (e *engine) paceImminent() bool {
-	next, ok := e.wheel.Next()
+	next, ok := e.nextDeparture()
 	return ok && time.Duration(next-e.monotonic()) < e.paceSpin
 }

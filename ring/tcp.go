@@ -37,6 +37,12 @@ type tcpState struct {
 	stalled bool
 	// ports counts the kernel port reservations TCP sockets hold.
 	ports atomic.Int64
+	// delackReq are the connections' TCP_QUICKACK thresholds
+	// (tcp_delack.go); delackGen counts changes, so the engine looks
+	// only after one.
+	delackMu  sync.Mutex
+	delackReq map[tcpFlowKey]int
+	delackGen atomic.Uint64
 }
 
 // TCPStack returns the ring's TCP stack, creating it on first use.
@@ -109,6 +115,9 @@ func (e *engine) tcpReceive(frame []byte) bool {
 	if off < 0 {
 		return false
 	}
+	if len(e.delack.conns) > 0 {
+		e.delackReceived(frame[off:])
+	}
 	s.Deliver(frame[off:])
 	e.yieldDue = true
 	return true
@@ -139,7 +148,8 @@ func ipOffset(frame []byte) int {
 // packet cut into frames of one MSS (tcpstack.Packet) unless the provider
 // segments it in hardware (qp.Segmenter). A packet to a next hop being
 // resolved stops the batch (the resolution wakes the engine), as does a
-// lack of send buffers for all of a packet's frames.
+// lack of send buffers for all of a packet's frames. A delayed ACK waits
+// in its connection's state (tcp_delack.go).
 func (e *engine) tcpTransmit() (int, error) {
 	s := e.r.tcp.stack.Load()
 	if s == nil {
@@ -147,62 +157,41 @@ func (e *engine) tcpTransmit() (int, error) {
 	}
 	r := e.r
 	seg, _ := r.prov.(qp.Segmenter)
-	e.r.tcp.stalled = false
+	r.tcp.stalled = false
+	e.delackSync()
 	var postErr error
-	n := s.Outbound(func(p *tcpstack.Packet) bool {
-		dst, err := tcpstack.Destination(p.IP)
-		if err != nil {
-			r.stats.TXErrors.Add(1)
-			return true
+	n := s.Outbound(func(p *tcpstack.Packet) tcpstack.Verdict {
+		if len(e.delack.conns) > 0 && e.delackOutbound(p) {
+			return tcpstack.Held
 		}
-		d, ok := e.nextHop(destKey{addr: dst})
-		if !ok {
-			r.tcp.stalled = true
-			return false
+		d, v := e.tcpDest(p)
+		if d == nil {
+			return v
 		}
-		if d.state == destFailed {
-			r.stats.TXUnreachable.Add(1)
-			return true
-		}
-		frames := p.Frames()
-		if len(e.tx)+frames > cap(e.tx) {
-			e.backlog = append(e.backlog, e.tx...)
-			e.tx = e.tx[:0]
-			if postErr = e.post(); postErr != nil || len(e.backlog) > 0 {
-				return false
+		if seg != nil && p.Frames() > 1 {
+			var room bool
+			if room, postErr = e.tcpRoom(1); !room {
+				return tcpstack.Stop
+			}
+			if e.sendLarge(seg, p, d) {
+				return tcpstack.Sent
 			}
 		}
-		if frames > 1 && seg != nil && e.sendLarge(seg, p, d) {
-			return true
+		var sent bool
+		if sent, postErr = e.tcpFrames(p, d, 0, p.Frames()); !sent {
+			return tcpstack.Stop
 		}
-		base := len(e.tx)
-		if got := e.allocTX(e.tx[base:base+frames], 14+p.FrameLen(0)); got < frames {
-			r.prov.FreeTX(e.tx[base : base+got])
-			r.stats.TXNoBuffer.Add(1)
-			return false
-		}
-		e.tx = e.tx[:base+frames]
-		for i := range frames {
-			fr := &e.tx[base+i]
-			l := 14 + p.FrameLen(i)
-			if len(fr.Buf) < l {
-				r.prov.FreeTX(e.tx[base:])
-				e.tx = e.tx[:base]
-				r.stats.TXErrors.Add(1)
-				return true
-			}
-			b := fr.Buf[:l]
-			putEthernet(b, d, p.IP)
-			p.Build(i, b[14:])
-			fr.Buf = b
-			fr.SendQueue = 0
-			r.stats.TCPTXBytes.Add(uint64(l - 14))
-		}
-		e.stage(e.tx[base:])
-		r.stats.TCPTXPackets.Add(uint64(frames))
-		return true
+		return tcpstack.Sent
 	})
-	return n, postErr
+	if postErr != nil {
+		return n, postErr
+	}
+	// After the stack's queue, so that an ACK it just handed over counts
+	// in the next deadline.
+	if len(e.delack.conns) > 0 {
+		return n, e.delackFlush()
+	}
+	return n, nil
 }
 
 // sendLarge hands a large packet to a provider that segments it in
@@ -242,7 +231,81 @@ func putEthernet(b []byte, d *dest, ip []byte) {
 	binary.BigEndian.PutUint16(b[12:], et)
 }
 
-// tcpPending reports whether the stack has packets the engine can send now.
+// tcpDest returns the next hop of p's destination; nil with the verdict
+// for p when there is none to send to now (Stop: being resolved, Sent:
+// dropped and counted).
+func (e *engine) tcpDest(p *tcpstack.Packet) (*dest, tcpstack.Verdict) {
+	r := e.r
+	dst, err := tcpstack.Destination(p.IP)
+	if err != nil {
+		r.stats.TXErrors.Add(1)
+		return nil, tcpstack.Sent
+	}
+	d, ok := e.nextHop(destKey{addr: dst})
+	if !ok {
+		r.tcp.stalled = true
+		return nil, tcpstack.Stop
+	}
+	if d.state == destFailed {
+		r.stats.TXUnreachable.Add(1)
+		return nil, tcpstack.Sent
+	}
+	return d, tcpstack.Sent
+}
+
+// tcpRoom makes room for n frames in the batch, posting it when full:
+// false when the provider's queue cannot take the batch now.
+func (e *engine) tcpRoom(n int) (bool, error) {
+	if len(e.tx)+n > cap(e.tx) {
+		e.backlog = append(e.backlog, e.tx...)
+		e.tx = e.tx[:0]
+		if err := e.post(); err != nil || len(e.backlog) > 0 {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// tcpFrames builds frames [from, to) of p to next hop d and stages them for
+// the provider: false when the send buffers (or the batch) cannot take
+// them all now, and nothing was built. A frame that does not fit its
+// buffer drops the packet (counted) and reports true.
+func (e *engine) tcpFrames(p *tcpstack.Packet, d *dest, from, to int) (bool, error) {
+	r := e.r
+	frames := to - from
+	if room, err := e.tcpRoom(frames); !room {
+		return false, err
+	}
+	base := len(e.tx)
+	if got := e.allocTX(e.tx[base:base+frames], 14+p.FrameLen(from)); got < frames {
+		r.prov.FreeTX(e.tx[base : base+got])
+		r.stats.TXNoBuffer.Add(1)
+		return false, nil
+	}
+	e.tx = e.tx[:base+frames]
+	for i := from; i < to; i++ {
+		fr := &e.tx[base+i-from]
+		l := 14 + p.FrameLen(i)
+		if len(fr.Buf) < l {
+			r.prov.FreeTX(e.tx[base:])
+			e.tx = e.tx[:base]
+			r.stats.TXErrors.Add(1)
+			return true, nil
+		}
+		b := fr.Buf[:l]
+		putEthernet(b, d, p.IP)
+		p.Build(i, b[14:])
+		fr.Buf = b
+		fr.SendQueue = 0
+		r.stats.TCPTXBytes.Add(uint64(l - 14))
+	}
+	e.stage(e.tx[base:])
+	r.stats.TCPTXPackets.Add(uint64(frames))
+	return true, nil
+}
+
+// tcpPending reports whether the stack has packets the engine can send now
+// (paced ones wait for their time: paceTimeout covers them).
 func (e *engine) tcpPending() bool {
 	s := e.r.tcp.stack.Load()
 	return s != nil && !e.r.tcp.stalled && s.OutboundPending()
@@ -787,6 +850,7 @@ func (c *TCPConn) reap() {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+	c.SetQuickAckThreshold(0)
 	// The kernel keeps the port while the stack holds the connection on
 	// it, TIME-WAIT included (see tcpPort). Segments the peer had in
 	// flight when the connection ended (after a reset, a whole window of

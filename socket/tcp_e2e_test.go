@@ -30,8 +30,14 @@ type tcpLab struct {
 
 func newTCPLab(t *testing.T) *tcpLab {
 	t.Helper()
+	return newTCPLabConfig(t, daemonConfigForTCP())
+}
+
+// newTCPLabConfig is newTCPLab with the daemon configured by cfg.
+func newTCPLabConfig(t *testing.T, cfg config.Config) *tcpLab {
+	t.Helper()
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	srv := daemontest.Start(t, p, daemonConfigForTCP(), nil)
+	srv := daemontest.Start(t, p, cfg, nil)
 	l := &tcpLab{p: p, srv: srv}
 	var err error
 	if l.c, err = Dial(srv.SocketPath()); err != nil {

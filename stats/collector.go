@@ -147,6 +147,7 @@ var ringSeries = []struct {
 	{RingTCPTSOPackets, counter("tcp_tso_packets_total", "Large TCP segments the stack handed the engine, cut into frames by the engine (software TSO) or the device.", ringLabels...)},
 	{RingTCPTSOFrames, counter("tcp_tso_frames_total", "Frames the large TCP segments became.", ringLabels...)},
 	{RingTCPTSOHardware, counter("tcp_tso_hw_packets_total", "Large TCP segments the device segmented (hardware TSO).", ringLabels...)},
+	{RingTCPDelayedAcks, counter("tcp_delayed_acks_total", "ACKs delayed under the TCP_QUICKACK threshold.", ringLabels...)},
 	{RingTCPStackDropped, counter("tcp_stack_dropped_packets_total", "Packets the TCP stack's link dropped: outbound queue full, non-TCP, unparsable.", ringLabels...)},
 	{RingRXDecapsulated, counter("ring_vxlan_rx_decapsulated_packets_total", "VXLAN frames of overlay sockets the ring decapsulated.", ringLabels...)},
 	{RingTXEncapsulated, counter("ring_vxlan_tx_encapsulated_packets_total", "Datagrams of overlay sockets the ring sent encapsulated in VXLAN.", ringLabels...)},

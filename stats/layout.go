@@ -339,6 +339,7 @@ const (
 	RingTCPTSOPackets                          // large TCP segments from the stack, cut into frames by the engine or the device
 	RingTCPTSOFrames                           // the frames they became
 	RingTCPTSOHardware                         // those the device segmented (hardware TSO)
+	RingTCPDelayedAcks                         // ACKs delayed under the TCP_QUICKACK threshold
 	NumRingCounters                            // number of ring counters in this version
 )
 
@@ -381,7 +382,7 @@ var ringCounterNames = [NumRingCounters]string{
 	"tcp_checksum_errors", "tcp_syn_cookies", "tcp_listen_overflows", "tcp_stack_dropped",
 	"rx_decapsulated", "tx_encapsulated",
 	"flows_full",
-	"tcp_tso_packets", "tcp_tso_frames", "tcp_tso_hw_packets",
+	"tcp_tso_packets", "tcp_tso_frames", "tcp_tso_hw_packets", "tcp_delayed_acks",
 }
 
 func (c RingCounter) String() string {

@@ -445,8 +445,8 @@ func (v *viewer) tcpLines(r *stats.Ring, c func(stats.RingCounter) uint64) {
 	fmt.Fprintf(w, "\tTCP resets: %d / %d [sent/received], drops: %d / %d / %d / %d [invalid/checksum/stack queue/listen overflow], SYN cookies %d\n",
 		c(stats.RingTCPResetsSent), c(stats.RingTCPResetsReceived), c(stats.RingTCPInvalidSegments), c(stats.RingTCPChecksumErrors),
 		c(stats.RingTCPStackDropped), c(stats.RingTCPListenOverflows), c(stats.RingTCPSynCookies))
-	fmt.Fprintf(w, "\tTCP TSO: %d / %d / %d [large segments/frames they became/cut by the device]\n",
-		c(stats.RingTCPTSOPackets), c(stats.RingTCPTSOFrames), c(stats.RingTCPTSOHardware))
+	fmt.Fprintf(w, "\tTCP TSO: %d / %d / %d [large segments/frames they became/cut by the device], delayed ACKs %d\n",
+		c(stats.RingTCPTSOPackets), c(stats.RingTCPTSOFrames), c(stats.RingTCPTSOHardware), c(stats.RingTCPDelayedAcks))
 }
 
 // groups prints view 4: the multicast memberships of the given clients.

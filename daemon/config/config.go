@@ -202,6 +202,11 @@ type Config struct {
 	// TCPCongestion is the TCP stacks' congestion control: "cubic" (the
 	// default) or "reno".
 	TCPCongestion string
+	// TCPQuickAckThreshold is VMA's TCP_QUICKACK threshold: on a
+	// connection with TCP_QUICKACK on, segments of more payload bytes
+	// than this are acknowledged the delayed way (0: off, every ACK at
+	// once).
+	TCPQuickAckThreshold int
 
 	// Frames is the UMEM frame count of each ring (default 4096).
 	Frames int
@@ -415,6 +420,9 @@ func (c Config) Resolve() (Resolved, error) {
 	}
 	if _, err := ring.ParseFallback(c.Fallback); err != nil {
 		return r, err
+	}
+	if c.TCPQuickAckThreshold < 0 || c.TCPQuickAckThreshold > 65535 {
+		return r, fmt.Errorf("TCP_QUICKACK threshold %d: want 0 (off) to 65535 bytes", c.TCPQuickAckThreshold)
 	}
 	switch c.TCPCongestion {
 	case "", "reno", "cubic":

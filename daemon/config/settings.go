@@ -147,6 +147,16 @@ var settings = []setting{
 	{name: "tcp-congestion", arg: "ALGO", def: "cubic",
 		usage: "TCP congestion control of the rings' TCP stacks: cubic or reno",
 		apply: func(o *Options, v string) error { o.Config.TCPCongestion = v; return nil }},
+	{name: "tcp-quickack-threshold", env: "BYPASSD_TCP_QUICKACK_THRESHOLD", arg: "BYTES", def: "0 (off)",
+		usage: "with TCP_QUICKACK on, segments with more payload than this are acknowledged the delayed way (VMA's threshold)",
+		apply: func(o *Options, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || n > 65535 {
+				return fmt.Errorf("want a byte count from 0 (off) to 65535")
+			}
+			o.Config.TCPQuickAckThreshold = n
+			return nil
+		}},
 	{name: "fallback", arg: "MODE", def: "auto",
 		usage: "when a ring's fast path is unavailable or lost: auto (TAP path until it returns), tap (TAP path only) or none",
 		apply: func(o *Options, v string) error {

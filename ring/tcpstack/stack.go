@@ -175,12 +175,30 @@ func (s *Stack) Deliver(ip []byte) {
 	pkt.DecRef()
 }
 
+// Verdict is what the engine did with an outbound packet.
+type Verdict int
+
+const (
+	// Sent: the packet's frames are built; its buffer is reused.
+	Sent Verdict = iota
+	// Stop: the packet stays queued and is offered first next time.
+	Stop
+	// Held: the engine keeps the packet (a paced connection's queue) and
+	// calls Release when done with it.
+	Held
+)
+
+// Release returns the buffer of a packet the engine held.
+func (p *Packet) Release() {
+	putBuf(p.IP)
+	*p = Packet{}
+}
+
 // Outbound offers the stack's queued outbound IP packets to send, oldest
-// first, until send returns false (that packet stays queued and is offered
-// first next time). A packet may have to become several frames
-// (Packet.Frames). Its buffer is reused after send returns. It returns how
-// many packets were taken. Engine thread only.
-func (s *Stack) Outbound(send func(p *Packet) bool) int {
+// first, until send answers Stop. A packet may have to become several
+// frames (Packet.Frames). It returns how many packets were taken. Engine
+// thread only.
+func (s *Stack) Outbound(send func(p *Packet) Verdict) int {
 	if s.pendOff == len(s.pend) {
 		l := s.link
 		l.mu.Lock()
@@ -191,10 +209,13 @@ func (s *Stack) Outbound(send func(p *Packet) bool) int {
 	n := 0
 	for s.pendOff < len(s.pend) {
 		p := &s.pend[s.pendOff]
-		if !send(p) {
+		v := send(p)
+		if v == Stop {
 			break
 		}
-		putBuf(p.IP)
+		if v == Sent {
+			putBuf(p.IP)
+		}
 		*p = Packet{}
 		s.pendOff++
 		n++
@@ -223,6 +244,28 @@ func Destination(ip []byte) (netip.Addr, error) {
 		return netip.AddrFrom16([16]byte(ip[24:40])), nil
 	}
 	return netip.Addr{}, errors.New("tcpstack: not an IP packet")
+}
+
+// Flow returns the addresses of an outbound TCP packet: the local
+// (source) and remote (destination) ends.
+func Flow(ip []byte) (local, remote netip.AddrPort, ok bool) {
+	var src, dst netip.Addr
+	off := 0
+	switch {
+	case len(ip) >= header.IPv4MinimumSize && ip[0]>>4 == 4:
+		src, dst = netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+		off = int(ip[0]&0xf) * 4
+	case len(ip) >= header.IPv6MinimumSize && ip[0]>>4 == 6:
+		src, dst = netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40]))
+		off = header.IPv6MinimumSize
+	default:
+		return local, remote, false
+	}
+	if len(ip) < off+4 {
+		return local, remote, false
+	}
+	sp, dp := uint16(ip[off])<<8|uint16(ip[off+1]), uint16(ip[off+2])<<8|uint16(ip[off+3])
+	return netip.AddrPortFrom(src, sp), netip.AddrPortFrom(dst, dp), true
 }
 
 func netProto(a netip.Addr) tcpip.NetworkProtocolNumber {

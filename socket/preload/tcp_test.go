@@ -32,10 +32,21 @@ import (
 
 func newTCPLab(t *testing.T) *lab {
 	t.Helper()
+	return newTCPLabConfig(t, nil)
+}
+
+// newTCPLabConfig is newTCPLab with the daemon's configuration changed by
+// set (nil: unchanged).
+func newTCPLabConfig(t *testing.T, set func(*config.Config)) *lab {
+	t.Helper()
 	lib, _ := built(t)
 	p := netlab.NewPair(t, netlab.Options{StaticNeigh: true})
-	srv := daemontest.Start(t, p, config.Config{RXPoll: 20 * time.Microsecond, EnginePoll: 20 * time.Microsecond,
-		Frames: 4096, QueueBytes: 256 << 10, Fallback: "none"}, nil)
+	cfg := config.Config{RXPoll: 20 * time.Microsecond, EnginePoll: 20 * time.Microsecond,
+		Frames: 4096, QueueBytes: 256 << 10, Fallback: "none"}
+	if set != nil {
+		set(&cfg)
+	}
+	srv := daemontest.Start(t, p, cfg, nil)
 	return &lab{p: p, srv: srv, lib: lib}
 }
 
