@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bypassd/bypassd/internal/ctldoc"
+	"github.com/bypassd/bypassd/ring"
 	"github.com/bypassd/bypassd/ring/sched/pacing"
 	"github.com/bypassd/bypassd/stats"
 )
@@ -101,9 +102,7 @@ func (k *socket) setPacing(v []byte) error {
 	}
 	t.Release(k.rate)
 	k.rate, k.rateReq = e, r
-	if k.ep != nil {
-		k.ep.SetPacing(&e.Rate)
-	}
+	k.applyPacing()
 	return nil
 }
 
@@ -112,11 +111,33 @@ func (k *socket) dropPacing() {
 	if k.rate == nil {
 		return
 	}
-	if k.ep != nil {
-		k.ep.SetPacing(nil)
-	}
 	k.home.rates.Release(k.rate)
 	k.rate, k.rateReq = nil, pacing.Rate{}
+	k.applyPacing()
+}
+
+// applyPacing gives the socket's rate (nil: none) to what sends for it: a
+// datagram socket's endpoint, or a stream socket's connection (a listener's
+// rate goes to the connections it accepts).
+func (k *socket) applyPacing() {
+	var r *pacing.Rate
+	if k.rate != nil {
+		r = &k.rate.Rate
+	}
+	switch {
+	case k.ep != nil:
+		k.ep.SetPacing(r)
+	case k.stream != nil:
+		st := k.stream
+		st.opts.sndBufCap = 0
+		if r != nil {
+			st.opts.sndBufCap = int32(ring.PacedSendBuffer(*r))
+		}
+		if st.conn != nil {
+			st.conn.SetPacing(r)
+			st.opts.apply(st.conn.Endpoint().EP)
+		}
+	}
 }
 
 // pacingValue is GETSOCKOPT SO_MAX_PACING_RATE: the rate the socket is

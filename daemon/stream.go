@@ -283,6 +283,16 @@ func (s *session) onAccept(h ctlproto.Header, k *socket, m *ctlproto.AcceptReq) 
 	n.stream.ri = k.stream.ri
 	n.stream.opts = k.stream.opts
 	n.stream.opts.apply(c.Endpoint().EP)
+	if k.rate != nil {
+		// SO_MAX_PACING_RATE is inherited, as Linux copies it to the
+		// accepted socket; the entry exists, so only a full paced-queue
+		// limit refuses it (then the connection is not paced).
+		if e, err := n.home.rates.Acquire(k.rateReq); err == nil {
+			n.rate, n.rateReq = e, k.rateReq
+		} else {
+			s.log.Warn("accepted connection not paced at its listener's rate", zap.Uint32("socket", n.id), zap.Error(err))
+		}
+	}
 	rh := ctlproto.ReplyHeader(h)
 	rh.Socket = n.id
 	body := ctlproto.AcceptReply{OpenReply: s.openReply(n), Peer: c.RemoteAddr(), Local: c.LocalAddr()}
@@ -350,6 +360,7 @@ func (s *session) startPump(k *socket, c *ring.TCPConn, connecting bool) error {
 	ref, giveBack := s.mem.lendToPump()
 	st.conn = c
 	k.applyQuickAck()
+	k.applyPacing()
 	st.pump = tcpstack.StartPump(c.Endpoint(), tcpstack.PumpConfig{TX: tx, RX: rx, RXWait: st.wake, TXWait: st.wake, Bell: bell,
 		Connecting: connecting, Done: func(abort bool) {
 			if abort {

@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 )
 
 // streamOpts are a stream socket's options, Linux's defaults when zero
@@ -35,6 +36,11 @@ type streamOpts struct {
 	lingerOn                     bool
 	lingerSecs                   int32
 	sndBuf, rcvBuf               int32 // 0: the stack's default
+	// sndBufCap bounds the send buffer while the socket is paced
+	// (ring.PacedSendBuffer; 0: not paced). capped: a bound was applied,
+	// so the stack's send buffer tuning is off for good.
+	sndBufCap int32
+	capped    bool
 }
 
 const (
@@ -70,8 +76,19 @@ func (o *streamOpts) apply(ep tcpip.Endpoint) {
 		_ = ep.SetSockOptInt(tcpip.MaxSegOption, int(o.maxSeg))
 	}
 	so.SetLinger(tcpip.LingerOption{Enabled: o.lingerOn, Timeout: time.Duration(o.lingerSecs) * time.Second})
-	if o.sndBuf > 0 {
-		so.SetSendBufferSize(int64(o.sndBuf), true)
+	switch sb := o.sndBuf; {
+	case o.sndBufCap > 0:
+		if sb == 0 || sb > o.sndBufCap {
+			sb = o.sndBufCap
+		}
+		so.SetSendBufferSize(int64(sb), true)
+		o.capped = true
+	case sb > 0:
+		so.SetSendBufferSize(int64(sb), true)
+	case o.capped:
+		// Paced before: setting the bound turned gVisor's tuning off,
+		// so the default comes back explicitly.
+		so.SetSendBufferSize(tcp.DefaultSendBufferSize, true)
 	}
 	if o.rcvBuf > 0 {
 		so.SetReceiveBufferSize(int64(o.rcvBuf), true)

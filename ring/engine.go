@@ -171,9 +171,11 @@ type engine struct {
 	dests map[destKey]*dest
 	tmpls map[tmplKey]tmplEntry
 	gen   uint64
-	// delack is the delayed ACKs of TCP connections (tcp_delack.go).
-	delack delackState
-	reasm  *reassembly.Reassembler
+	// delack is the delayed ACKs of TCP connections (tcp_delack.go),
+	// tcpPace their pacing (tcp_pacing.go).
+	delack  delackState
+	tcpPace tcpPaceState
+	reasm   *reassembly.Reassembler
 	// reasmStats is published for readers on other goroutines.
 	reasmStats atomic.Pointer[reassembly.Stats]
 	lastExpire time.Time

@@ -265,11 +265,14 @@ func (e *engine) paceTimeout(d time.Duration) time.Duration {
 }
 
 // nextDeparture returns the earliest time the engine must act: a paced
-// endpoint's departure or a delayed TCP ACK's deadline.
+// endpoint's or TCP connection's departure, or a delayed TCP ACK's
+// deadline.
 func (e *engine) nextDeparture() (int64, bool) {
 	next, ok := e.wheel.Next()
-	if t := e.delack.next; t != 0 && (!ok || t < next) {
-		next, ok = t, true
+	for _, t := range [2]int64{e.delack.next, e.tcpPace.next} {
+		if t != 0 && (!ok || t < next) {
+			next, ok = t, true
+		}
 	}
 	return next, ok
 }

@@ -7,9 +7,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
-	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -37,35 +35,9 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// machineBusy counts the 20 ms samples in which the machine had more
-// runnable threads than CPUs: a slow window is then the machine's doing,
-// not the pacer's (a fast one never is).
-var machineBusy = arrivals.Sample(20*time.Millisecond, func() uint64 {
-	busyTicks += uint64(overCommitted())
-	return busyTicks
-})
-
-// busyTicks is only touched by machineBusy's goroutine.
-var busyTicks uint64
-
-// overCommitted reports 1 when /proc/loadavg's running count exceeds the
-// CPUs (the reader itself is one of them), else 0.
-func overCommitted() int {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 4 {
-		return 0
-	}
-	running, _, _ := strings.Cut(f[3], "/")
-	n, err := strconv.Atoi(running)
-	if err != nil || n <= runtime.NumCPU()+1 {
-		return 0
-	}
-	return 1
-}
+// machineBusy tells the machine's doing from the pacer's (a slow window
+// while the machine was over-committed).
+var machineBusy = arrivals.MachineBusy()
 
 // pacingWindows checks a paced stream's 1-second windows: within ±1% of
 // want, and, with bursts, no stretch of arrivals beyond the burst

@@ -25,6 +25,7 @@ import (
 	"github.com/bypassd/bypassd/ring/provider/afxdp"
 	"github.com/bypassd/bypassd/ring/qp"
 	"github.com/bypassd/bypassd/ring/route"
+	"github.com/bypassd/bypassd/ring/sched/pacing"
 	"github.com/bypassd/bypassd/ring/tcpstack"
 )
 
@@ -43,7 +44,16 @@ type tcpState struct {
 	delackMu  sync.Mutex
 	delackReq map[tcpFlowKey]int
 	delackGen atomic.Uint64
+	// paceReq are the connections' pacing rates (TCPConn.SetPacing);
+	// paceGen counts changes, so the engine looks only after one.
+	paceMu  sync.Mutex
+	paceReq map[tcpFlowKey]*pacing.Rate
+	paceGen atomic.Uint64
 }
+
+// tcpFlowKey names a connection by its ends (engine-side per-connection
+// state: delayed ACKs, pacing).
+type tcpFlowKey struct{ local, remote netip.AddrPort }
 
 // TCPStack returns the ring's TCP stack, creating it on first use.
 func (r *Ring) TCPStack() (*tcpstack.Stack, error) {
@@ -149,7 +159,9 @@ func ipOffset(frame []byte) int {
 // segments it in hardware (qp.Segmenter). A packet to a next hop being
 // resolved stops the batch (the resolution wakes the engine), as does a
 // lack of send buffers for all of a packet's frames. A delayed ACK waits
-// in its connection's state (tcp_delack.go).
+// in its connection's state (tcp_delack.go), packets of a paced
+// connection in its queue for their departure times (tcp_pacing.go,
+// always cut in software: frame by frame is how they are spread out).
 func (e *engine) tcpTransmit() (int, error) {
 	s := e.r.tcp.stack.Load()
 	if s == nil {
@@ -159,9 +171,14 @@ func (e *engine) tcpTransmit() (int, error) {
 	seg, _ := r.prov.(qp.Segmenter)
 	r.tcp.stalled = false
 	e.delackSync()
+	e.tcpPaceSync()
 	var postErr error
 	n := s.Outbound(func(p *tcpstack.Packet) tcpstack.Verdict {
 		if len(e.delack.conns) > 0 && e.delackOutbound(p) {
+			return tcpstack.Held
+		}
+		if pc := e.tcpPacedConn(p); pc != nil {
+			pc.q = append(pc.q, *p)
 			return tcpstack.Held
 		}
 		d, v := e.tcpDest(p)
@@ -187,11 +204,15 @@ func (e *engine) tcpTransmit() (int, error) {
 		return n, postErr
 	}
 	// After the stack's queue, so that an ACK it just handed over counts
-	// in the next deadline.
+	// in the next deadline, and what it handed a paced connection in the
+	// next departure.
 	if len(e.delack.conns) > 0 {
-		return n, e.delackFlush()
+		if err := e.delackFlush(); err != nil {
+			return n, err
+		}
 	}
-	return n, nil
+	m, err := e.tcpPaceSend()
+	return n + m, err
 }
 
 // sendLarge hands a large packet to a provider that segments it in
@@ -851,6 +872,7 @@ func (c *TCPConn) reap() {
 		}
 	}
 	c.SetQuickAckThreshold(0)
+	c.SetPacing(nil)
 	// The kernel keeps the port while the stack holds the connection on
 	// it, TIME-WAIT included (see tcpPort). Segments the peer had in
 	// flight when the connection ended (after a reset, a whole window of

@@ -18,9 +18,6 @@ import (
 	"github.com/bypassd/bypassd/ring/tcpstack"
 )
 
-// tcpFlowKey names a connection by its ends.
-type tcpFlowKey struct{ local, remote netip.AddrPort }
-
 // delackTimeout is how long an ACK may wait: Linux's minimum delayed-ACK
 // timeout (TCP_DELACK_MIN).
 const delackTimeout = 40 * time.Millisecond

@@ -559,7 +559,10 @@ func (t *TCPConn) publish() {
 }
 
 // CloseWrite shuts down the sending side: the peer gets FIN after what
-// was written before (shutdown(SHUT_WR)).
+// was written before (shutdown(SHUT_WR)). The end marker needs room in the
+// send queue: with the queue full, CloseWrite waits for it up to the write
+// deadline; if it fails, the sending side stays open and CloseWrite may be
+// called again.
 func (t *TCPConn) CloseWrite() error {
 	t.life.RLock()
 	defer t.life.RUnlock()
@@ -568,7 +571,7 @@ func (t *TCPConn) CloseWrite() error {
 	if err := t.deadErr(); err != nil {
 		return t.opErr("close", err)
 	}
-	if t.wrClosed.Swap(true) {
+	if t.wrClosed.Load() {
 		return nil
 	}
 	for {
@@ -576,6 +579,7 @@ func (t *TCPConn) CloseWrite() error {
 		if err == nil {
 			stream.Put(buf, stream.Event{Kind: stream.EOF})
 			_ = t.tx.Commit(stream.EventLen, stream.TypeEvent)
+			t.wrClosed.Store(true)
 			t.publish()
 			return nil
 		}
@@ -644,6 +648,14 @@ func (t *tcpSock) Option(name string) (int, error) {
 // (Linux's default).
 func (t *tcpSock) SetNoDelay(noDelay bool) error {
 	return t.SetOption("TCP_NODELAY", boolToInt(noDelay))
+}
+
+// SetMaxPacingRate paces the connection at bytesPerSec of wire bytes
+// (SO_MAX_PACING_RATE; 0 removes the limit): bypassd sends its frames at
+// that rate, a large segment spread out frame by frame. A listener's rate
+// is inherited by the connections it accepts.
+func (t *tcpSock) SetMaxPacingRate(bytesPerSec uint32) error {
+	return t.SetOption("SO_MAX_PACING_RATE", int(bytesPerSec))
 }
 
 // SetKeepAlive turns keepalive probes on or off (SO_KEEPALIVE).
