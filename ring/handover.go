@@ -42,6 +42,27 @@ const backlogHold = 4 << 20
 // releaseDrain bounds the old ring's last receive and transmit pass.
 const releaseDrain = 200 * time.Millisecond
 
+// drainStopped runs a stopped engine's last pass, for releaseDrain at
+// most: what recv takes in, the posts still backlogged and the
+// completions, until nothing moves.
+func (r *Ring) drainStopped(recv func() int) error {
+	e := &r.eng
+	var errs []error
+	for end := time.Now().Add(releaseDrain); time.Now().Before(end); {
+		n := recv()
+		if len(e.backlog) > 0 {
+			errs = append(errs, e.post())
+		}
+		if r.prov.TXPending() > 0 {
+			n += r.prov.Complete()
+		}
+		if n == 0 && len(e.backlog) == 0 && r.prov.TXPending() == 0 {
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Adoption is what a ring opened for a takeover reuses.
 type Adoption struct {
 	// Program is the interface's steering program, adopted with
@@ -178,19 +199,7 @@ func (r *Ring) Release() error {
 	}
 	errs = append(errs, st.ClearSlot())
 	r.stopEngine()
-	e := &r.eng
-	for end := time.Now().Add(releaseDrain); time.Now().Before(end); {
-		n := e.receive()
-		if len(e.backlog) > 0 {
-			errs = append(errs, e.post())
-		}
-		if r.prov.TXPending() > 0 {
-			n += r.prov.Complete()
-		}
-		if n == 0 && len(e.backlog) == 0 && r.prov.TXPending() == 0 {
-			break
-		}
-	}
+	errs = append(errs, r.drainStopped(r.eng.receive))
 	errs = append(errs, r.abandon(st, eps)...)
 	return errors.Join(errs...)
 }
@@ -243,19 +252,7 @@ func Quiesce(rings []*Ring, stopping func()) ([]PathState, error) {
 	}
 	out := make([]PathState, len(rings))
 	for i, r := range rings {
-		e := &r.eng
-		for end := time.Now().Add(releaseDrain); time.Now().Before(end); {
-			n := e.receiveHandoffs()
-			if len(e.backlog) > 0 {
-				errs = append(errs, e.post())
-			}
-			if r.prov.TXPending() > 0 {
-				n += r.prov.Complete()
-			}
-			if n == 0 && len(e.backlog) == 0 && r.prov.TXPending() == 0 {
-				break
-			}
-		}
+		errs = append(errs, r.drainStopped(r.eng.receiveHandoffs))
 		out[i].XSK = r.fb.prim.Load().prov.(*afxdp.Socket).State()
 		r.quiesced = ss[i].st
 		r.quiescedEPs = ss[i].eps
