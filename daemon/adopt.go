@@ -251,7 +251,7 @@ func (d *Daemon) build(st *takeover.State, files *takeover.Files) error {
 		}
 		progs[p.Interface] = prog
 	}
-	err = d.openRings(func(i int, it config.Interface) (*ring.Adoption, *shmq.Waiter, error) {
+	err = d.openRings(func(i int, it config.Interface) (*ring.Adoption, *shmq.Bell, error) {
 		prog := progs[it.Name]
 		if prog == nil {
 			return nil, nil, fmt.Errorf("no steering program handed over for %s", it.Name)
@@ -260,7 +260,7 @@ func (d *Daemon) build(st *takeover.State, files *takeover.Files) error {
 		if err != nil {
 			return nil, nil, err
 		}
-		w, err := shmq.NewWaiterFD(fd)
+		w, err := shmq.NewBellFD(fd)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -114,7 +114,7 @@ type ringInfo struct {
 	homed atomic.Int64
 	// doorbell wakes the ring's engine; owned here so that a ring opened
 	// again keeps the doorbell every session received at HELLO.
-	doorbell *shmq.Waiter
+	doorbell *shmq.Bell
 }
 
 // ring returns the ring now serving ri.
@@ -209,7 +209,7 @@ func (d *Daemon) resolveInterfaces() (err error) {
 // openRings opens one ring per configured interface queue, on the calling
 // thread's network namespace; adopt, when not nil, gives what a ring
 // takes over from a previous daemon.
-func (d *Daemon) openRings(adopt func(i int, it config.Interface) (*ring.Adoption, *shmq.Waiter, error)) (err error) {
+func (d *Daemon) openRings(adopt func(i int, it config.Interface) (*ring.Adoption, *shmq.Bell, error)) (err error) {
 	rc, log := &d.cfg, d.log
 	if d.netns, err = netns.Get(); err != nil {
 		return fmt.Errorf("daemon: open the network namespace: %w", err)
@@ -232,12 +232,12 @@ func (d *Daemon) openRings(adopt func(i int, it config.Interface) (*ring.Adoptio
 		rlog := log.With(zap.String("iface", it.Name), zap.Int("queue", it.Queue))
 		// The doorbell of an adopted ring is the one its clients hold.
 		var ad *ring.Adoption
-		var bell *shmq.Waiter
+		var bell *shmq.Bell
 		if adopt != nil {
 			if ad, bell, err = adopt(k, it); err != nil {
 				return fmt.Errorf("daemon: ring %s: %w", it, err)
 			}
-		} else if bell, err = shmq.NewWaiter(); err != nil {
+		} else if bell, err = shmq.NewBell(); err != nil {
 			return fmt.Errorf("daemon: ring %s doorbell: %w", it, err)
 		}
 		rcfg := ring.Config{

@@ -25,7 +25,10 @@ type sessionMemory struct {
 	mem   []byte
 	sess  *shmsess.Session
 	arena *shmsess.Arena
-	wake  *shmq.Waiter
+	// wake is only written here (the client sleeps on it): a Bell, kept
+	// out of the daemon's netpoller, which every write and every read of
+	// the client would otherwise wake.
+	wake *shmq.Bell
 	// lanes are the session's lane registrations by ring (made when the
 	// first socket binds there; a ring opened again gets a new one).
 	lanes map[*ring.Ring]*ring.Lane
@@ -108,7 +111,7 @@ func newSessionMemory(pid int32, maxSockets, lanes int, budget int64) (_ *sessio
 		return nil, err
 	}
 	m.arena = shmsess.NewArena(l)
-	if m.wake, err = shmq.NewWaiter(); err != nil {
+	if m.wake, err = shmq.NewBell(); err != nil {
 		return nil, fmt.Errorf("client eventfd: %w", err)
 	}
 	return m, nil
@@ -124,8 +127,7 @@ func adoptSessionMemory(memfd, wakefd int, size int64, maxSlots, lanes int, live
 			m.close()
 		}
 	}()
-	if m.wake, err = shmq.NewWaiterFD(wakefd); err != nil {
-		unix.Close(wakefd)
+	if m.wake, err = shmq.NewBellFD(wakefd); err != nil { // closes wakefd on error
 		return nil, fmt.Errorf("client eventfd: %w", err)
 	}
 	var st unix.Stat_t

@@ -310,7 +310,14 @@ func testCallerQueues(t *testing.T, sendFirst bool) {
 		}
 		return cw
 	}
-	bell := dup(l.r.Doorbell())
+	bfd, err := unix.Dup(l.r.Doorbell().FD())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bell, err := shmq.NewBellFD(bfd)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer bell.Close()
 	disp := shmsess.NewDispatcher(csess, dup(clientWake))
 	defer disp.Close()

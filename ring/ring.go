@@ -131,7 +131,7 @@ type Config struct {
 	// owned by the caller: a ring opened again after its interface came
 	// back keeps the doorbell its clients already hold. Nil: the ring
 	// makes its own.
-	Doorbell *shmq.Waiter
+	Doorbell *shmq.Bell
 
 	// Adopt opens the ring on objects a previous daemon handed over (live
 	// upgrade, see handover.go); nil for a fresh ring.
@@ -218,7 +218,7 @@ type Ring struct {
 	// doorbell wakes the sleeping engine: users ring it when they announce
 	// work to a sleeping engine, resolvers when a next hop is ready, Close
 	// when it stops.
-	doorbell *shmq.Waiter
+	doorbell *shmq.Bell
 	// epoch counts engine iterations; synced is how far a writer that
 	// changed the endpoint table waits before freeing what it removed.
 	epoch    atomic.Uint64
@@ -356,7 +356,7 @@ func Open(cfg Config) (_ *Ring, err error) {
 	}
 	cleanups = append(cleanups, func() { _ = r.res.Close() })
 	if r.doorbell = cfg.Doorbell; r.doorbell == nil {
-		if r.doorbell, err = shmq.NewWaiter(); err != nil {
+		if r.doorbell, err = shmq.NewBell(); err != nil {
 			return nil, fmt.Errorf("ring %s/%d: doorbell: %w", cfg.Interface, cfg.Queue, err)
 		}
 		cleanups = append(cleanups, func() { _ = r.doorbell.Close() })
@@ -426,10 +426,11 @@ func DefaultFrameSize(mtu int) int {
 // header templates and fragmentation use.
 func (r *Ring) MTU() int { return int(r.mtu.Load()) }
 
-// Doorbell is the waiter that wakes the sleeping engine; a client writes it
+// Doorbell is the eventfd that wakes the sleeping engine (which polls it
+// with the provider's descriptor, so it stays out of the netpoller); a client writes it
 // after announcing work on this ring's lane while the engine sleeps (every
 // session receives its file descriptor in the HELLO reply).
-func (r *Ring) Doorbell() *shmq.Waiter { return r.doorbell }
+func (r *Ring) Doorbell() *shmq.Bell { return r.doorbell }
 
 // Ifindex returns the ring's interface index.
 func (r *Ring) Ifindex() int { return r.ifindex }

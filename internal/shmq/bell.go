@@ -24,6 +24,16 @@ type Bell struct {
 	closed atomic.Bool
 }
 
+// NewBell creates a Bell over a new eventfd (EFD_NONBLOCK|EFD_CLOEXEC),
+// whose sleeping side polls FD itself or is in another process.
+func NewBell() (*Bell, error) {
+	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("shmq: create eventfd: %w (check the process's open-file limit)", err)
+	}
+	return &Bell{fd: fd}, nil
+}
+
 // NewBellFD wraps an eventfd received from the peer and takes ownership of
 // fd (Close closes it, also on error). Like NewWaiterFD it refuses anything
 // that is not an eventfd and sets O_NONBLOCK, so Wake never blocks.
@@ -33,6 +43,10 @@ func NewBellFD(fd int) (*Bell, error) {
 	}
 	return &Bell{fd: fd}, nil
 }
+
+// FD returns the eventfd, e.g. to send it to the peer or to poll it. It
+// stays owned by the Bell and is invalid after Close.
+func (b *Bell) FD() int { return b.fd }
 
 // Wake adds one wake-up token. It never blocks.
 func (b *Bell) Wake() error {
