@@ -1,44 +1,55 @@
 #!/usr/bin/env bash
-# make scale: what idle sockets cost. One busy socket (bypass-perf on the Go
-# client: 64-byte ping-pong p50/p99, then 64-byte throughput, against a
-# kernel `sockperf server`) is measured on a daemon holding N idle bound
-# sockets (client processes of PER sockets, 4 KiB queues) and, interleaved
-# with it, on an empty daemon in a second, identical lab: the ratios compare
-# the two under the same machine load, which on a shared VM moves more from
-# minute to minute than the effect looked for. Each point runs ROUNDS rounds
-# (empty, loaded; then loaded, empty; ...) and compares medians; the 0 point
-# is an A/A check of the two labs.
+# make scale: what idle sockets cost. One busy socket (the Go client:
+# 64-byte ping-pong p50/p99, then 64-byte throughput, against a kernel
+# `sockperf server`) is measured on a daemon holding N idle bound sockets
+# (client processes of PER sockets, 4 KiB queues) and, in the same run, on
+# an empty daemon in a second, identical lab.
+#
+# How: bench/pairbench holds one socket on each daemon and switches between
+# them every SLICE, so both see the same machine. On this shared 2-vCPU VM
+# a run's figures move by 15-30% from one second to the next (the kernel's
+# own ping-pong moves as much), more than the 10% looked for; runs taken
+# one after the other compare that noise. pairbench gives the median of
+# per-second ratios loaded/empty with a distribution-free 95% confidence
+# interval, and each daemon's CPU time and context switches per round trip
+# (what the daemon does per datagram, which scheduling noise does not
+# move). The placement is fixed (PIN): both engines on one CPU, the
+# measuring client and the sockperf servers on the other, so a run does not
+# depend on where the scheduler happens to put the threads (unpinned,
+# throughput moves by 30% between seconds). The 0 point is an A/A check of
+# the two labs.
 #
 #   POINTS   socket counts, ascending (default "0 1000 10000 100000")
-#   ROUNDS   interleaved rounds per point (default 5)
-#   SECS     seconds per ping-pong and per throughput run (default 2)
+#   SECS     seconds of ping-pong and as many of throughput per point
+#            (default 20: 20 one-second ratios)
+#   SLICE    time on one daemon before switching (default 100ms)
 #   PER      sockets per client process (default 1000)
 #   PER_ADDR sockets per local address (default 20000: the kernel's
 #            ephemeral range holds 28,232 ports per address, so 100,000
 #            sockets bind to five addresses of the loaded lab's interface)
 #   PAR      client processes opening their sockets at a time (default 4)
-#   POLL     engine and client spin in µs (default 0: with 50, whether the
-#            client, the engine and the kernel server each find a CPU on 2
-#            vCPUs decides p50 between ~15 and ~100 µs from run to run;
-#            without, every datagram takes the sleep and wake-up path, the
-#            one whose cost could grow with sessions, and p50 is stable)
+#   POLL     engine and client spin in µs (default 0: every datagram takes
+#            the sleep and wake-up path, the one whose cost could grow with
+#            sessions)
+#   PIN      "ENGINE_CPU APP_CPU" (default "1 0"); empty: no pinning
 #
-# Each run's figures go to stderr as it ends. Prints one row per point and
-# the verdicts: the busy socket's msg/s and
-# p50 at the largest point within 10% of the empty daemon's (PASS, FAIL, or
-# INCONCLUSIVE when the empty daemon's own runs there spread more than 10%
-# around their median or the A/A row at 0 idle sockets is off by more than
-# 10%), and the loaded daemon's RSS <= 1 GiB. Labs, daemons
-# and clients are removed on any exit, Ctrl-C included.
+# Prints one row per point and the verdicts at the largest point: the busy
+# socket's p50 and msg/s within 10% of the empty daemon's (PASS when the
+# confidence interval of the ratio lies within 10%, FAIL when it lies
+# beyond, else INCONCLUSIVE; also INCONCLUSIVE when the A/A ratios at 0 idle
+# sockets are off by more than 10%), and the loaded daemon's RSS <= 1 GiB.
+# Labs, daemons and clients are removed on any exit, Ctrl-C included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 POINTS=${POINTS:-"0 1000 10000 100000"}
-ROUNDS=${ROUNDS:-5}
-SECS=${SECS:-2}
+SECS=${SECS:-20}
+SLICE=${SLICE:-100ms}
 PER=${PER:-1000}
 PER_ADDR=${PER_ADDR:-20000}
 PAR=${PAR:-4}
 POLL=${POLL:-0}
+PIN=${PIN-"1 0"}
+read -r engine_cpu app_cpu <<<"$PIN"
 . scripts/lab.sh
 
 prev=-1
@@ -65,6 +76,12 @@ while [ $((${#addrs[@]} * PER_ADDR)) -lt "$max" ]; do
   addrs+=("${IP4_A%.*}.$host")
 done
 opts=(--rx-poll "$POLL" --engine-poll "$POLL" --max-sockets "$PER" --max-flows $((max + 10000)))
+app_pin=()
+if [ -n "$PIN" ]; then
+  opts+=(--cpus "$engine_cpu")
+  app_pin=(taskset -c "$app_cpu")
+  export LAB_SERVER_CPUS=$app_cpu
+fi
 z_tmp=$LAB_TMP/z
 mkdir -p "$z_tmp"
 NS_B=$Z_NS_B IP4_B=$Z_IP4_B LAB_TMP=$z_tmp lab_start_server
@@ -89,26 +106,24 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 load1() { cut -d' ' -f1 /proc/loadavg; }
 
-# measure WHICH N: one ping-pong and one throughput run on the empty (z) or
-# loaded (n) lab; appends "p50 p99 msg/s" to $LAB_TMP/WHICH.N.
+# measure N: one pairbench run, loaded daemon (A) against empty (B); its
+# key=value line goes to $LAB_TMP/pair.N.
 measure() {
-  local ns=$NS_A ip=$IP4_B sock=$BYPASSD_SOCK out="$LAB_TMP/$1.$2"
-  if [ "$1" = z ]; then ns=$Z_NS_A ip=$Z_IP4_B sock=$z_tmp/bypassd.sock; fi
-  ip netns exec "$ns" env BYPASSD_SOCKET="$sock" timeout $((SECS + 30)) "$BIN/bypass-perf" --no-color \
-    ping-pong -i "$ip" -p 11111 -m 64 -t "$SECS" >"$out.pp" 2>&1 || { cat "$out.pp" >&2; return 1; }
-  ip netns exec "$ns" env BYPASSD_SOCKET="$sock" timeout $((SECS + 30)) "$BIN/bypass-perf" --no-color \
-    throughput -i "$ip" -p 11111 -m 64 -t "$SECS" >"$out.tp" 2>&1 || { cat "$out.tp" >&2; return 1; }
-  echo "$(pct "$out.pp" 50.000) $(pct "$out.pp" 99.000) $(awk '/Message Rate is/ {for (i=1;i<=NF;i++) if ($i=="is") {print $(i+1); exit}}' "$out.tp")" >>"$out"
-  echo "  $2 idle sockets, $([ "$1" = z ] && echo empty || echo loaded) daemon: p50 p99 msg/s $(tail -1 "$out")" >&2
+  timeout $((2 * SECS + 60)) "${app_pin[@]}" "$BIN/pairbench" -a "$BYPASSD_SOCK" -a-server "$IP4_B:11111" \
+    -b "$z_tmp/bypassd.sock" -b-server "$Z_IP4_B:11111" -seconds "$SECS" -slice "$SLICE" >"$LAB_TMP/pair.$1" \
+    || { cat "$LAB_TMP/pair.$1" >&2; return 1; }
+  grep -v '=' "$LAB_TMP/pair.$1" | sed "s/^/  $1 idle sockets: /" >&2
 }
 
-# col FILE K: the median of column K of FILE.
-col() { awk -v k="$2" '{print $k}' "$1" | median; }
-# spread FILE K: the median absolute deviation of column K over its median.
-spread() {
-  local m
-  m=$(col "$1" "$2")
-  awk -v k="$2" -v m="$m" '{d=$k-m; print (d<0?-d:d)/m}' "$1" | median
+# kv N KEY...: the values of KEYs in point N's pairbench line.
+kv() {
+  local n=$1
+  shift
+  awk -v keys="$*" 'index($0, "=") {
+    for (i = 1; i <= NF; i++) { split($i, f, "="); v[f[1]] = f[2] }
+    k = split(keys, ks, " "); out = ""
+    for (j = 1; j <= k; j++) out = out (j > 1 ? " " : "") v[ks[j]]
+    print out }' "$LAB_TMP/pair.$n"
 }
 
 open=0
@@ -147,51 +162,47 @@ for n in $POINTS; do
   cpu=$(awk -v a="$c0" -v b="$(cpu_ticks "$n_pid")" -v hz="$hz" 'BEGIN {printf "%.0f", 100*(b-a)/hz/2}')
   rss=$(awk '/^VmRSS/ {printf "%.0f", $2/1024}' "/proc/$n_pid/status")
   fds=$(ls "/proc/$n_pid/fd" | wc -l)
-  loads=()
-  for r in $(seq "$ROUNDS"); do
-    loads+=("$(load1)")
-    if [ $((r % 2)) = 1 ]; then measure z "$n"; measure n "$n"; else measure n "$n"; measure z "$n"; fi
-  done
-  row="$n $opened $rss $fds $cpu"
-  for w in n z; do row="$row $(col "$LAB_TMP/$w.$n" 1) $(col "$LAB_TMP/$w.$n" 2) $(col "$LAB_TMP/$w.$n" 3)"; done
-  row="$row $(spread "$LAB_TMP/z.$n" 1) $(spread "$LAB_TMP/z.$n" 3) $(printf '%s\n' "${loads[@]}" | median)"
+  load=$(load1)
+  measure "$n"
+  row="$n $opened $rss $fds $cpu $(kv "$n" a_p50 a_p99 a_mps b_p50 b_p99 b_mps p50_ratio p50_lo p50_hi mps_ratio mps_lo mps_hi a_cpu_us b_cpu_us a_ctxsw b_ctxsw) $load"
   echo "$n idle sockets: $row" >&2
   rows+=("$row")
 done
 
 echo "One busy socket beside N idle bound sockets (client processes of $PER, 4 KiB queues, $PER_ADDR per address),"
-echo "against an empty daemon in an identical lab, interleaved: $ROUNDS rounds of ${SECS}s ping-pong + ${SECS}s throughput each, medians; spin ${POLL}µs."
-echo "Idle CPU: the loaded daemon's CPU over 2 s with every socket idle."
+echo "against an empty daemon in an identical lab, switching between them every $SLICE: ${SECS}s of ping-pong, then ${SECS}s of throughput; spin ${POLL}µs; pinned (engines, client and servers): ${PIN:-no}."
+echo "p50/p99: latency as sockperf reports it (RTT/2). Ratios loaded/empty: median of the per-second ratios [95% confidence interval]."
+echo "Daemon CPU and context switches: per ping-pong round trip, loaded / empty daemon. Idle CPU: the loaded daemon's over 2 s with every socket idle."
 echo
-echo "| idle sockets | opened in s | daemon RSS MiB | daemon fds | idle CPU % | p50 µs | p99 µs | 64 B msg/s | empty p50 µs | empty p99 µs | empty msg/s | p50 ratio | msg/s ratio | load avg |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| idle sockets | opened in s | daemon RSS MiB | daemon fds | idle CPU % | p50 µs | p99 µs | 64 B msg/s | empty p50 µs | empty p99 µs | empty msg/s | p50 ratio | msg/s ratio | daemon CPU µs/rt | daemon ctxsw/rt | load avg |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do
-  read -r n opened rss fds cpu p50 p99 mps zp50 zp99 zmps _ _ load <<<"$r"
-  awk -v n="$n" -v op="$opened" -v rss="$rss" -v fds="$fds" -v cpu="$cpu" -v p50="$p50" -v p99="$p99" -v mps="$mps" \
-    -v zp50="$zp50" -v zp99="$zp99" -v zmps="$zmps" -v load="$load" \
-    'BEGIN {printf "| %d | %s | %d | %d | %d | %.1f | %.0f | %.0f | %.1f | %.0f | %.0f | %.2f | %.2f | %s |\n",
-      n, op, rss, fds, cpu, p50, p99, mps, zp50, zp99, zmps, p50/zp50, mps/zmps, load}'
+  read -r n opened rss fds cpu p50 p99 mps zp50 zp99 zmps rp rpl rph rm rml rmh ncpu zcpu nsw zsw load <<<"$r"
+  printf '| %d | %s | %d | %d | %d | %.1f | %.0f | %.0f | %.1f | %.0f | %.0f | %.2f [%.2f–%.2f] | %.2f [%.2f–%.2f] | %.1f / %.1f | %.2f / %.2f | %s |\n' \
+    "$n" "$opened" "$rss" "$fds" "$cpu" "$p50" "$p99" "$mps" "$zp50" "$zp99" "$zmps" "$rp" "$rpl" "$rph" "$rm" "$rml" "$rmh" \
+    "$ncpu" "$zcpu" "$nsw" "$zsw" "$load"
 done
 echo
 # The A/A row (0 idle sockets, when measured): the two labs must agree
 # within 10% themselves, or no ratio says anything.
-read -r n0 _ _ _ _ ap50 _ amps azp50 _ azmps _ _ _ <<<"${rows[0]}"
-[ "$n0" = 0 ] || ap50=0
-read -r n _ rss _ _ p50 _ mps zp50 _ zmps sp50 smps _ <<<"${rows[-1]}"
-awk -v n="$n" -v p50="$p50" -v mps="$mps" -v zp50="$zp50" -v zmps="$zmps" -v sp50="$sp50" -v smps="$smps" \
-  -v ap50="$ap50" -v amps="$amps" -v azp50="$azp50" -v azmps="$azmps" -v rounds="$ROUNDS" 'BEGIN {
-  v = (mps/zmps >= 0.9 && p50/zp50 <= 1.1) ? "PASS" : "FAIL"
-  why = sprintf("the empty daemon'"'"'s runs spread %.0f%% and %.0f%% around their medians", 100*smps, 100*sp50)
-  if (sp50 > 0.1 || smps > 0.1) v = "INCONCLUSIVE"
-  if (rounds < 3) { v = "INCONCLUSIVE"; why = why sprintf("; %d rounds, fewer than 3", rounds) }
-  if (ap50 > 0) {
-    why = why sprintf("; A/A at 0 idle sockets: msg/s ratio %.2f, p50 ratio %.2f", amps/azmps, ap50/azp50)
-    if (amps/azmps < 0.9 || amps/azmps > 1.1 || ap50/azp50 < 0.9 || ap50/azp50 > 1.1) v = "INCONCLUSIVE"
+read -r n0 _ _ _ _ _ _ _ _ _ _ arp _ _ arm _ <<<"${rows[0]}"
+[ "$n0" = 0 ] || arp=0
+read -r n _ rss _ _ _ _ _ _ _ _ rp rpl rph rm rml rmh _ <<<"${rows[-1]}"
+awk -v n="$n" -v rp="$rp" -v rpl="$rpl" -v rph="$rph" -v rm="$rm" -v rml="$rml" -v rmh="$rmh" \
+  -v arp="$arp" -v arm="$arm" -v secs="$SECS" 'BEGIN {
+  v = "INCONCLUSIVE"
+  if (rph <= 1.1 && rml >= 0.9) v = "PASS"
+  if (rpl > 1.1 || rmh < 0.9) v = "FAIL"
+  why = sprintf("%d one-second ratios", secs)
+  if (secs < 6) { v = "INCONCLUSIVE"; why = why ", fewer than 6" }
+  if (arp > 0) {
+    why = why sprintf("; A/A at 0 idle sockets: p50 ratio %.2f, msg/s ratio %.2f", arp, arm)
+    if (arm < 0.9 || arm > 1.1 || arp < 0.9 || arp > 1.1) v = "INCONCLUSIVE"
   } else {
     why = why "; no A/A row (POINTS without 0)"
   }
-  printf "%s: msg/s and p50 at %d idle sockets within 10%% of the empty daemon: msg/s ratio %.2f, p50 ratio %.2f (%s)\n",
-    v, n, mps/zmps, p50/zp50, why }'
+  printf "%s: p50 and msg/s at %d idle sockets within 10%% of the empty daemon: p50 ratio %.2f [95%% CI %.2f–%.2f], msg/s ratio %.2f [%.2f–%.2f] (%s)\n",
+    v, n, rp, rpl, rph, rm, rml, rmh, why }'
 if [ "$n" -ge 100000 ]; then
   awk -v rss="$rss" -v n="$n" 'BEGIN {printf "%s: daemon RSS <= 1 GiB at %d sockets: %d MiB\n", (rss <= 1024 ? "PASS" : "FAIL"), n, rss}'
 else

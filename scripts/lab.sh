@@ -43,9 +43,12 @@ lab_forget() {
   lab_pids=("${keep[@]}")
 }
 
-# lab_start_server starts `sockperf server` on B's address, port 11111.
+# lab_start_server starts `sockperf server` on B's address, port 11111
+# (on the CPUs of LAB_SERVER_CPUS, a taskset list, when set).
 lab_start_server() {
-  ip netns exec "$NS_B" sockperf server -i "$IP4_B" -p 11111 >"$LAB_TMP/sockperf-server.log" 2>&1 &
+  local pin=()
+  [ -z "${LAB_SERVER_CPUS:-}" ] || pin=(taskset -c "$LAB_SERVER_CPUS")
+  ip netns exec "$NS_B" "${pin[@]}" sockperf server -i "$IP4_B" -p 11111 >"$LAB_TMP/sockperf-server.log" 2>&1 &
   lab_server_pid=$!
   lab_pids+=("$lab_server_pid")
 }
