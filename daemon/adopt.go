@@ -458,11 +458,22 @@ func (d *Daemon) adoptSession(ss takeover.Session, files *takeover.Files) (*sess
 			unix.Close(memfd)
 			return s, err
 		}
+		var bellfds []int
+		for _, i := range ss.Doorbells {
+			fd, err := files.Take(i)
+			if err != nil {
+				for _, fd := range append(bellfds, memfd, wakefd) {
+					unix.Close(fd)
+				}
+				return s, err
+			}
+			bellfds = append(bellfds, fd)
+		}
 		live := make([]shmsess.Range, 0, len(ss.Sockets))
 		for _, ks := range ss.Sockets {
 			live = append(live, shmsess.Range{Slot: ks.Slot, Off: ks.TXOffset, Span: shmsess.SocketSpan(ks.QueueBytes)})
 		}
-		if s.mem, err = adoptSessionMemory(memfd, wakefd, ss.MemSize, ss.MaxSlots, ss.Lanes, live); err != nil {
+		if s.mem, err = adoptSessionMemory(memfd, wakefd, bellfds, ss.MemSize, ss.MaxSlots, ss.Lanes, live); err != nil {
 			return s, err
 		}
 	}
@@ -549,8 +560,12 @@ func (d *Daemon) adoptSocket(s *session, ks takeover.Socket, files *takeover.Fil
 		return nil, err
 	}
 	r := k.home.ring()
+	lane, err := m.lane(r, ks.Ring)
+	if err != nil {
+		return nil, err
+	}
 	ep, err := r.AdoptEndpoint(h, &ring.Queues{TX: k.tx, RX: k.rx, QueueBytes: k.queueBytes,
-		Wake: ring.SessionWaker(m.sess, k.q.slot, m.wake), Lane: m.lane(r, ks.Ring), Slot: k.q.slot, Activity: &s.changes})
+		Wake: ring.SessionWaker(m.sess, k.q.slot, m.wake), Lane: lane, Slot: k.q.slot, Activity: &s.changes})
 	if err != nil {
 		return nil, err
 	}

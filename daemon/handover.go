@@ -395,6 +395,13 @@ func (s *session) describeState(tab *takeover.Table, ringIndex map[*ringInfo]int
 			return ss, fmt.Errorf("duplicate the client eventfd: %w", err)
 		}
 		ss.ClientWake = tab.Add(wfd)
+		for _, b := range m.bells {
+			bfd, err := dup(b.FD())
+			if err != nil {
+				return ss, fmt.Errorf("duplicate a lane doorbell: %w", err)
+			}
+			ss.Doorbells = append(ss.Doorbells, tab.Add(bfd))
+		}
 		l := m.sess.Layout()
 		ss.MemSize, ss.MaxSlots, ss.Lanes = l.Size, l.MaxSlots, l.Lanes
 	}

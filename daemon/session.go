@@ -355,8 +355,8 @@ func (s *session) onHello(h ctlproto.Header, msg ctlproto.Message) bool {
 		l := mem.sess.Layout()
 		reply.Lanes, reply.SessionSize = uint16(l.Lanes), uint64(l.Size)
 		fds = append(fds, mem.memfd, mem.wake.FD())
-		for _, ri := range s.d.rings {
-			fds = append(fds, ri.doorbell.FD())
+		for _, b := range mem.bells {
+			fds = append(fds, b.FD())
 		}
 	}
 	s.hello = true

@@ -29,6 +29,11 @@ type sessionMemory struct {
 	// out of the daemon's netpoller, which every write and every read of
 	// the client would otherwise wake.
 	wake *shmq.Bell
+	// bells are the session's lane doorbells, one per ring in the daemon's
+	// ring order (lane index): the client writes one when it finds that
+	// lane armed. nil for a session adopted from a daemon without lane
+	// doorbells: its client rings the rings' shared doorbells.
+	bells []*shmq.Bell
 	// lanes are the session's lane registrations by ring (made when the
 	// first socket binds there; a ring opened again gets a new one).
 	lanes map[*ring.Ring]*ring.Lane
@@ -114,19 +119,42 @@ func newSessionMemory(pid int32, maxSockets, lanes int, budget int64) (_ *sessio
 	if m.wake, err = shmq.NewBell(); err != nil {
 		return nil, fmt.Errorf("client eventfd: %w", err)
 	}
+	for range lanes {
+		b, err := shmq.NewBell()
+		if err != nil {
+			return nil, fmt.Errorf("lane doorbell: %w", err)
+		}
+		m.bells = append(m.bells, b)
+	}
 	return m, nil
 }
 
 // adoptSessionMemory takes over the session memory a previous daemon
-// handed over (memfd and client eventfd owned from the call on, also on
-// error), with the queue ranges of its live sockets.
-func adoptSessionMemory(memfd, wakefd int, size int64, maxSlots, lanes int, live []shmsess.Range) (_ *sessionMemory, err error) {
+// handed over (memfd, client eventfd and lane doorbells owned from the
+// call on, also on error), with the queue ranges of its live sockets.
+// bellfds is empty when the previous daemon had no lane doorbells.
+func adoptSessionMemory(memfd, wakefd int, bellfds []int, size int64, maxSlots, lanes int, live []shmsess.Range) (_ *sessionMemory, err error) {
 	m := &sessionMemory{memfd: memfd, lanes: map[*ring.Ring]*ring.Lane{}}
 	defer func() {
 		if err != nil {
 			m.close()
 		}
 	}()
+	for i, fd := range bellfds {
+		b, err := shmq.NewBellFD(fd) // closes fd on error
+		if err != nil {
+			for _, fd := range bellfds[i+1:] {
+				unix.Close(fd)
+			}
+			unix.Close(wakefd)
+			return nil, fmt.Errorf("lane doorbell %d: %w", i, err)
+		}
+		m.bells = append(m.bells, b)
+	}
+	if len(m.bells) != 0 && len(m.bells) != lanes {
+		unix.Close(wakefd)
+		return nil, fmt.Errorf("session memory: %d lane doorbells for %d lanes", len(m.bells), lanes)
+	}
 	if m.wake, err = shmq.NewBellFD(wakefd); err != nil { // closes wakefd on error
 		return nil, fmt.Errorf("client eventfd: %w", err)
 	}
@@ -147,13 +175,20 @@ func adoptSessionMemory(memfd, wakefd int, size int64, maxSlots, lanes int, live
 }
 
 // lane returns the session's lane on r, registering it on first use.
-func (m *sessionMemory) lane(r *ring.Ring, index int) *ring.Lane {
+func (m *sessionMemory) lane(r *ring.Ring, index int) (*ring.Lane, error) {
 	if l := m.lanes[r]; l != nil {
-		return l
+		return l, nil
 	}
-	l := r.AddLane(m.sess.Lane(index), m.sess.Layout().MaxSlots)
+	bell := -1
+	if m.bells != nil {
+		bell = m.bells[index].FD()
+	}
+	l, err := r.AddLane(m.sess.Lane(index), m.sess.Layout().MaxSlots, bell)
+	if err != nil {
+		return nil, err
+	}
 	m.lanes[r] = l
-	return l
+	return l, nil
 }
 
 // queuePair is one socket's place in the session memory.
@@ -213,6 +248,10 @@ func (m *sessionMemory) close() {
 		l.Close()
 	}
 	m.lanes = nil
+	for _, b := range m.bells {
+		_ = b.Close()
+	}
+	m.bells = nil
 	if m.wake != nil {
 		_ = m.wake.Close()
 	}

@@ -262,10 +262,14 @@ func (s *session) bind(k *socket, addr netip.AddrPort, reuse bool) (netip.AddrPo
 		return netip.AddrPort{}, fmt.Errorf("bind %v: %w", addr, err)
 	}
 	r := ri.ring()
+	lane, err := s.mem.lane(r, s.d.ringIndex(ri))
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("bind %v: %w", addr, err)
+	}
 	ep, err := r.Bind(addr, ring.BindOptions{ReuseAddr: reuse || k.reuseAddr,
 		Queues: &ring.Queues{TX: k.tx, RX: k.rx, QueueBytes: k.queueBytes,
 			Wake: ring.SessionWaker(s.mem.sess, k.q.slot, s.mem.wake),
-			Lane: s.mem.lane(r, s.d.ringIndex(ri)), Slot: k.q.slot, Activity: &s.changes}})
+			Lane: lane, Slot: k.q.slot, Activity: &s.changes}})
 	if err != nil {
 		return netip.AddrPort{}, err
 	}

@@ -84,7 +84,10 @@ type listener struct {
 func (s *session) streamOpen(k *socket) error {
 	bell := tcpstack.NewBell()
 	m := s.mem
-	lane := m.lane(k.home.ring(), s.d.ringIndex(k.home))
+	lane, err := m.lane(k.home.ring(), s.d.ringIndex(k.home))
+	if err != nil {
+		return err
+	}
 	lane.SetWaker(k.q.slot, bell)
 	k.stream = &streamState{bell: bell, lane: lane, slot: k.q.slot, wake: ring.SessionWaker(m.sess, k.q.slot, m.wake)}
 	return nil

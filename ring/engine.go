@@ -190,6 +190,20 @@ type engine struct {
 	// curLane and visitSlot drain a lane's bitmap without allocating.
 	curLane   *Lane
 	visitSlot func(int)
+	// hot lists the lanes the engine serves (disarmed: their clients
+	// announce without ringing); every other lane is armed. laneOf maps
+	// a lane doorbell to its lane, rebuilt when the ring's lanes change
+	// (lanesOf is the list it was built from); events receives the rung
+	// doorbells.
+	hot     []*Lane
+	laneOf  map[int32]*Lane
+	lanesOf *[]*Lane
+	events  []unix.EpollEvent
+	// rungDue: the last sleep ended with a doorbell event pending;
+	// lastRung is when takeRung last looked (a busy engine looks every
+	// rungEvery).
+	rungDue  bool
+	lastRung time.Time
 	// visits counts endpoint visits, published per iteration.
 	visits uint64
 	// stg stages built frames in device memory (staging.go).
@@ -251,15 +265,49 @@ func (e *engine) activate(ep *Endpoint) {
 	}
 }
 
+// quietPasses is how many passes in a row a hot lane may announce nothing
+// before the engine arms it again: a busy client announcing now and then
+// should not pay a doorbell write each time, an idle one should not cost
+// the engine a look per pass.
+const quietPasses = 64
+
+// rungEvery is how often a busy engine, which does not sleep, looks for
+// rung doorbells (a sleeping one is woken by them): the most an idle
+// session's first datagram waits behind other sessions' traffic.
+const rungEvery = 20 * time.Microsecond
+
 // collect activates the endpoints announced since the last pass: by
-// clients in their lanes' bitmaps and by in-process users.
+// clients in the bitmaps of the lanes the engine serves or whose doorbells
+// rang, and by in-process users.
 func (e *engine) collect() {
 	r := e.r
-	for _, l := range *r.lanes.Load() {
-		if l.ln.Pending() {
+	if now := time.Now(); e.rungDue || now.Sub(e.lastRung) >= rungEvery {
+		e.rungDue, e.lastRung = false, now
+		e.takeRung()
+	}
+	for i := 0; i < len(e.hot); {
+		l := e.hot[i]
+		switch {
+		case l.closed.Load():
+		case l.ln.Pending():
 			e.curLane = l
 			l.ln.Drain(e.visitSlot)
+			l.quiet = 0
+			i++
+			continue
+		case l.quiet < quietPasses:
+			l.quiet++
+			i++
+			continue
+		case l.ln.ArmSleep():
+			// Announced meanwhile: keep serving it.
+			l.ln.DisarmSleep()
+			i++
+			continue
 		}
+		l.hot = false
+		e.hot[i] = e.hot[len(e.hot)-1]
+		e.hot = e.hot[:len(e.hot)-1]
 	}
 	e.curLane = nil
 	if r.inproc.Load() == nil {
@@ -274,6 +322,53 @@ func (e *engine) collect() {
 		}
 		ep = next
 	}
+}
+
+// takeRung reads the doorbells that rang (without waiting) and serves
+// their lanes: a lane doorbell names its lane; the ring's own doorbell
+// (in-process wake-ups, and the clients of lanes without a doorbell of
+// their own) has the engine look at those lanes.
+func (e *engine) takeRung() {
+	r := e.r
+	n, err := unix.EpollWait(r.epfd, e.events, 0)
+	if err != nil || n == 0 {
+		return
+	}
+	// A full batch may have left events behind: look again next pass.
+	e.rungDue = n == len(e.events)
+	if lanes := r.lanes.Load(); lanes != e.lanesOf {
+		e.lanesOf = lanes
+		clear(e.laneOf)
+		if e.laneOf == nil {
+			e.laneOf = map[int32]*Lane{}
+		}
+		for _, l := range *lanes {
+			if l.bell >= 0 {
+				e.laneOf[int32(l.bell)] = l
+			}
+		}
+	}
+	for _, ev := range e.events[:n] {
+		if int(ev.Fd) == r.doorbell.FD() {
+			for _, l := range *e.lanesOf {
+				if l.bell < 0 && !l.hot && !l.closed.Load() && l.ln.Pending() {
+					e.serve(l)
+				}
+			}
+			continue
+		}
+		if l := e.laneOf[ev.Fd]; l != nil && !l.hot && !l.closed.Load() {
+			e.serve(l)
+		}
+	}
+}
+
+// serve puts a rung lane on the hot list, disarmed: its client announces
+// without ringing while the engine looks at it on every pass.
+func (e *engine) serve(l *Lane) {
+	l.ln.DisarmSleep()
+	l.hot, l.quiet = true, 0
+	e.hot = append(e.hot, l)
 }
 
 // onSlot activates the endpoint of an announced slot of e.curLane. A slot
@@ -306,6 +401,7 @@ func (e *engine) init(r *Ring) {
 	e.tmpls = map[tmplKey]tmplEntry{}
 	e.reasm = reassembly.New(r.cfg.Reassembly)
 	e.visitSlot = e.onSlot
+	e.events = make([]unix.EpollEvent, 64)
 	e.initPacing()
 	e.qosSync()
 }
@@ -397,19 +493,18 @@ func (e *engine) iterate(t *table) (int, error) {
 	return work, nil
 }
 
-// sleep blocks until the provider has frames or the doorbell rings. Before
-// sleeping it arms the sleep flag of every lane (one word per session,
-// whatever its number of sockets) and re-checks the lanes and the
-// in-process announcements, so work announced in between is not missed.
-// Endpoints are not touched: an empty TX queue stays armed from the pass
-// that drained it.
+// sleep blocks until the provider has frames or a doorbell rings. Before
+// sleeping it arms the lanes it serves (the others are armed already) and
+// re-checks them and the in-process announcements, so work announced in
+// between is not missed: the cost of going to sleep follows the sessions
+// that were busy, not the sessions open. Endpoints are not touched: an
+// empty TX queue stays armed from the pass that drained it.
 func (e *engine) sleep() error {
 	r := e.r
 	// Swap, not Store: a full barrier before the loads below (Dekker
 	// against announce's increment and load).
 	r.sleeping.Swap(true)
 	defer r.sleeping.Store(false)
-	lanes := *r.lanes.Load()
 	pending := r.inproc.Load() != nil
 	for _, ep := range e.active {
 		// An endpoint whose traffic class a limit holds back does not
@@ -419,8 +514,8 @@ func (e *engine) sleep() error {
 			break
 		}
 	}
-	for _, l := range lanes {
-		if l.ln.ArmSleep() {
+	for _, l := range e.hot {
+		if !l.closed.Load() && l.ln.ArmSleep() {
 			pending = true
 		}
 	}
@@ -431,13 +526,22 @@ func (e *engine) sleep() error {
 	if timeout > 0 {
 		r.stats.Wakeups.Add(1)
 	}
-	woke, err := r.prov.Wait(timeout, r.doorbell.FD())
+	woke, err := r.prov.Wait(timeout, r.epfd)
+	e.rungDue = woke
 	e.paceWoke()
-	for _, l := range lanes {
-		l.ln.DisarmSleep()
-	}
-	if woke {
-		drainEventfd(r.doorbell.FD())
+	if pending {
+		// Not slept: keep serving the hot lanes, disarmed.
+		for _, l := range e.hot {
+			if !l.closed.Load() {
+				l.ln.DisarmSleep()
+			}
+		}
+	} else {
+		// They stay armed; a doorbell brings each back.
+		for _, l := range e.hot {
+			l.hot = false
+		}
+		e.hot = e.hot[:0]
 	}
 	if err != nil {
 		return fmt.Errorf("ring %s/%d: %w", r.cfg.Interface, r.cfg.Queue, err)

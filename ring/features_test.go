@@ -248,11 +248,14 @@ func TestHeaderOptions(t *testing.T) {
 // the slot) goes out once the bind is done, though Bind visits a new
 // endpoint only when its slot was announced.
 func TestCallerQueues(t *testing.T) {
-	t.Run("bind first", func(t *testing.T) { testCallerQueues(t, false) })
-	t.Run("send first", func(t *testing.T) { testCallerQueues(t, true) })
+	t.Run("bind first", func(t *testing.T) { testCallerQueues(t, false, false) })
+	t.Run("send first", func(t *testing.T) { testCallerQueues(t, true, false) })
+	// A lane without a doorbell of its own, as a session adopted from a
+	// daemon without lane doorbells has: its client rings the ring's.
+	t.Run("ring doorbell", func(t *testing.T) { testCallerQueues(t, false, true) })
 }
 
-func testCallerQueues(t *testing.T, sendFirst bool) {
+func testCallerQueues(t *testing.T, sendFirst, ringDoorbell bool) {
 	l := newLab(t, ring.Config{})
 	const capacity = 1 << 16
 	lay, err := shmsess.NewLayout(64, 1, 16*shmsess.SocketSpan(capacity))
@@ -282,7 +285,19 @@ func testCallerQueues(t *testing.T, sendFirst bool) {
 		t.Fatal(err)
 	}
 	clientWake, _ := shmq.NewWaiter()
-	lane := l.r.AddLane(sess.Lane(0), lay.MaxSlots)
+	laneBell, err := shmq.NewBell()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer laneBell.Close()
+	bellFD := laneBell.FD()
+	if ringDoorbell {
+		bellFD = -1
+	}
+	lane, err := l.r.AddLane(sess.Lane(0), lay.MaxSlots, bellFD)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer lane.Close()
 
 	// The "client": its own mapping and copies of the eventfds.
@@ -310,7 +325,10 @@ func testCallerQueues(t *testing.T, sendFirst bool) {
 		}
 		return cw
 	}
-	bfd, err := unix.Dup(l.r.Doorbell().FD())
+	bfd, err := unix.Dup(bellFD)
+	if ringDoorbell {
+		bfd, err = unix.Dup(l.r.Doorbell().FD())
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -337,10 +337,7 @@ func (r *Ring) abandon(st *afxdp.Steering, eps []*Endpoint) []error {
 	if r.fb.wake != nil {
 		errs = append(errs, r.fb.wake.Close())
 	}
-	errs = append(errs, r.res.Close())
-	if r.cfg.Doorbell == nil {
-		errs = append(errs, r.doorbell.Close())
-	}
+	errs = append(errs, r.res.Close(), r.closeDoorbells())
 	r.nl.Close()
 	r.ns.Close()
 	r.log.Info("ring handed over", zap.Int("endpoints", len(eps)), zap.Uint64("xsk_rx_dropped", ps.RXDropped),

@@ -1,21 +1,41 @@
 package ring
 
 import (
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/bypassd/bypassd/internal/shmq"
 	"github.com/bypassd/bypassd/internal/shmsess"
 )
 
 // Lane is one client session's announce bitmap for this ring (its lane
 // block in the session memory) and the endpoints bound through it, by
-// slot. The engine drains the bitmaps of the ring's lanes on every
-// iteration and visits only the endpoints they name; before sleeping it
-// arms each lane's sleep flag, one word per session.
+// slot. A lane the engine is not serving stays armed (its sleep flag set),
+// so its client rings the lane's own doorbell when it announces; the
+// engine, which polls every lane doorbell through one epoll set, then
+// serves the lane (disarmed, "hot") until it has been quiet for a while or
+// the engine sleeps. So neither an engine pass nor going to sleep touches
+// the lanes of idle sessions: the engine's work follows the sessions with
+// something to do, however many are open.
 type Lane struct {
 	r  *Ring
 	ln *shmsess.Lane
+	// bell is the lane's doorbell eventfd (owned by the caller of
+	// AddLane), or -1 for a lane whose client rings the ring's shared
+	// doorbell (a session adopted from a daemon that had no lane
+	// doorbells): the engine then scans those lanes when that rings.
+	bell int
+	// closed is set by Close; the engine drops the lane without
+	// touching its block again.
+	closed atomic.Bool
+	// hot and quiet are the engine's: the lane is on its hot list, and
+	// for how many passes in a row it announced nothing.
+	hot   bool
+	quiet int
 	// chunks[slot/laneChunkSlots][slot%laneChunkSlots] is the endpoint
 	// bound with that slot; chunks are allocated on first use so that a
 	// session's table costs memory for the slots it uses.
@@ -36,30 +56,53 @@ const laneChunkSlots = 256
 type laneChunk [laneChunkSlots]atomic.Pointer[Endpoint]
 
 // AddLane registers a session's lane block with the ring for slots 0 ..
-// slots-1. Close it when the session ends (after its endpoints).
-func (r *Ring) AddLane(ln *shmsess.Lane, slots int) *Lane {
+// slots-1, with bell the lane's doorbell eventfd, which the session's
+// client writes when it finds the lane armed (-1: the client writes the
+// ring's shared Doorbell). The caller keeps owning bell and closes it
+// after the lane. Close the lane when the session ends (after its
+// endpoints).
+func (r *Ring) AddLane(ln *shmsess.Lane, slots, bell int) (*Lane, error) {
 	chunks := (slots + laneChunkSlots - 1) / laneChunkSlots
-	l := &Lane{r: r, ln: ln, chunks: make([]atomic.Pointer[laneChunk], chunks),
+	l := &Lane{r: r, ln: ln, bell: bell, chunks: make([]atomic.Pointer[laneChunk], chunks),
 		early: make([]atomic.Uint64, chunks*laneChunkSlots/64)}
+	if bell >= 0 {
+		// Edge-triggered: every write is an event, so the engine never
+		// reads the eventfd (a syscall per datagram saved).
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(bell)}
+		if err := unix.EpollCtl(r.epfd, unix.EPOLL_CTL_ADD, bell, &ev); err != nil {
+			return nil, fmt.Errorf("ring %s/%d: watch a lane doorbell (fd %d): %w", r.cfg.Interface, r.cfg.Queue, bell, err)
+		}
+	}
+	// Armed from the start; the engine looks at the lane once (the ring
+	// or lane doorbell below) in case the block holds announcements
+	// already (a ring opened again, an adopted session).
+	l.ln.Arm()
 	r.mu.Lock()
 	old := r.lanes.Load()
 	next := append(slices.Clone(*old), l)
 	r.lanes.Store(&next)
 	r.mu.Unlock()
-	// A sleeping engine armed the lanes it knew; make it arm this one.
-	_ = r.doorbell.Wake()
-	return l
+	if bell >= 0 {
+		_ = shmq.WakeFD(bell)
+	} else {
+		_ = r.doorbell.Wake()
+	}
+	return l, nil
 }
 
 // Close unregisters the lane; when it returns the engine no longer reads
-// its bitmap.
+// its bitmap or polls its doorbell.
 func (l *Lane) Close() {
 	r := l.r
+	l.closed.Store(true)
 	r.mu.Lock()
 	old := *r.lanes.Load()
 	next := slices.DeleteFunc(slices.Clone(old), func(x *Lane) bool { return x == l })
 	r.lanes.Store(&next)
 	r.mu.Unlock()
+	if l.bell >= 0 {
+		_ = unix.EpollCtl(r.epfd, unix.EPOLL_CTL_DEL, l.bell, nil)
+	}
 	r.sync()
 }
 

@@ -219,6 +219,9 @@ type Ring struct {
 	// work to a sleeping engine, resolvers when a next hop is ready, Close
 	// when it stops.
 	doorbell *shmq.Bell
+	// epfd is the epoll set the sleeping engine polls beside its
+	// provider: the ring's doorbell and every lane's own (lane.go).
+	epfd int
 	// epoch counts engine iterations; synced is how far a writer that
 	// changed the endpoint table waits before freeing what it removed.
 	epoch    atomic.Uint64
@@ -361,6 +364,14 @@ func Open(cfg Config) (_ *Ring, err error) {
 		}
 		cleanups = append(cleanups, func() { _ = r.doorbell.Close() })
 	}
+	if r.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+		return nil, fmt.Errorf("ring %s/%d: epoll for the doorbells: %w (check the process's open-file limit)", cfg.Interface, cfg.Queue, err)
+	}
+	cleanups = append(cleanups, func() { unix.Close(r.epfd) })
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(r.doorbell.FD())}
+	if err := unix.EpollCtl(r.epfd, unix.EPOLL_CTL_ADD, r.doorbell.FD(), &ev); err != nil {
+		return nil, fmt.Errorf("ring %s/%d: watch the doorbell: %w", cfg.Interface, cfg.Queue, err)
+	}
 	r.table.Store(&table{})
 	r.lanes.Store(&[]*Lane{})
 	r.adoptedEps.Store(&[]*Endpoint{})
@@ -425,6 +436,16 @@ func DefaultFrameSize(mtu int) int {
 // MTU returns the interface MTU the ring was opened for: what its paths,
 // header templates and fragmentation use.
 func (r *Ring) MTU() int { return int(r.mtu.Load()) }
+
+// closeDoorbells closes the epoll set and the ring's doorbell if it is the
+// ring's own.
+func (r *Ring) closeDoorbells() error {
+	err := unix.Close(r.epfd)
+	if r.cfg.Doorbell == nil {
+		err = errors.Join(err, r.doorbell.Close())
+	}
+	return err
+}
 
 // Doorbell is the eventfd that wakes the sleeping engine (which polls it
 // with the provider's descriptor, so it stays out of the netpoller); a client writes it
@@ -528,9 +549,7 @@ func (r *Ring) Close() error {
 	r.stopWatch()
 	errs = append(errs, r.closePaths())
 	errs = append(errs, r.res.Close())
-	if r.cfg.Doorbell == nil {
-		errs = append(errs, r.doorbell.Close())
-	}
+	errs = append(errs, r.closeDoorbells())
 	r.nl.Close()
 	r.ns.Close()
 	st := &r.stats

@@ -114,12 +114,15 @@ type Session struct {
 	// Memory is the session memory's memfd (NoFD: a tool session
 	// without one), MemSize its size, MaxSlots and Lanes its layout's
 	// parameters (docs/shm-queue.md); ClientWake is the eventfd the
-	// client sleeps on.
+	// client sleeps on, Doorbells the lane doorbells the client rings,
+	// one per lane (none from a daemon whose clients rang the rings'
+	// shared doorbells).
 	Memory     int      `json:"memory"`
 	MemSize    int64    `json:"mem_size,omitempty"`
 	MaxSlots   int      `json:"max_slots,omitempty"`
 	Lanes      int      `json:"lanes,omitempty"`
 	ClientWake int      `json:"client_wake"`
+	Doorbells  []int    `json:"doorbells,omitempty"`
 	Sockets    []Socket `json:"sockets,omitempty"`
 	// Retired is the summed counters of the session's closed sockets.
 	Retired map[string]uint64 `json:"retired,omitempty"`
@@ -257,6 +260,12 @@ func (s *State) checkRefs(n int) error {
 		mem := ss.Memory != NoFD
 		add(bad(fmt.Sprintf("session %d memory", ss.PID), ss.Memory, false))
 		add(bad(fmt.Sprintf("session %d client eventfd", ss.PID), ss.ClientWake, mem))
+		if len(ss.Doorbells) != 0 && (!mem || len(ss.Doorbells) != ss.Lanes) {
+			add(fmt.Errorf("session %d: %d lane doorbells for %d lanes", ss.PID, len(ss.Doorbells), ss.Lanes))
+		}
+		for i, fd := range ss.Doorbells {
+			add(bad(fmt.Sprintf("session %d lane %d doorbell", ss.PID, i), fd, true))
+		}
 		if !mem && len(ss.Sockets) > 0 {
 			add(fmt.Errorf("session %d: %d sockets and no session memory", ss.PID, len(ss.Sockets)))
 		}
