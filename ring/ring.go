@@ -447,10 +447,11 @@ func (r *Ring) closeDoorbells() error {
 	return err
 }
 
-// Doorbell is the eventfd that wakes the sleeping engine (which polls it
-// with the provider's descriptor, so it stays out of the netpoller); a client writes it
-// after announcing work on this ring's lane while the engine sleeps (every
-// session receives its file descriptor in the HELLO reply).
+// Doorbell is the ring's own eventfd that wakes the engine (which polls
+// it through its epoll set, out of the netpoller). Clients ring their lane
+// doorbells instead, except those of a session adopted from a daemon
+// without lane doorbells, which still ring this one; so it is handed over
+// with the ring.
 func (r *Ring) Doorbell() *shmq.Bell { return r.doorbell }
 
 // Ifindex returns the ring's interface index.
