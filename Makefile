@@ -74,10 +74,10 @@ bench: deps build
 
 # scale: what idle sockets cost the daemon and a busy socket (minutes; not
 # part of bench or test): 0, 1,000, 10,000 and 100,000 idle bound sockets,
-# the busy socket measured against an empty daemon in a second lab,
-# interleaved (POINTS="0 1000 10000" for a shorter run; see the script's
-# header), then the 100,000-socket echo test (100 client processes, five
-# addresses).
+# the busy socket measured against an empty daemon in a second lab, both
+# from one process switching every 100 ms (bench/pairbench; POINTS="0 1000
+# 10000" for a shorter run; see the script's header), then the
+# 100,000-socket echo test (100 client processes, five addresses).
 scale: deps build
 	scripts/bench-scale.sh
 	BYPASSD_REQUIRE_PRIV=1 BYPASSD_SCALE_CLIENTS=100 $(GO) test -count=1 -timeout 30m -run '^TestSocketsAtScale$$' -v ./daemon/
