@@ -66,10 +66,7 @@ func (r *Ring) AddLane(ln *shmsess.Lane, slots, bell int) (*Lane, error) {
 	l := &Lane{r: r, ln: ln, bell: bell, chunks: make([]atomic.Pointer[laneChunk], chunks),
 		early: make([]atomic.Uint64, chunks*laneChunkSlots/64)}
 	if bell >= 0 {
-		// Edge-triggered: every write is an event, so the engine never
-		// reads the eventfd (a syscall per datagram saved).
-		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(bell)}
-		if err := unix.EpollCtl(r.epfd, unix.EPOLL_CTL_ADD, bell, &ev); err != nil {
+		if err := r.watchDoorbell(bell, unix.EPOLL_CTL_ADD); err != nil {
 			return nil, fmt.Errorf("ring %s/%d: watch a lane doorbell (fd %d): %w", r.cfg.Interface, r.cfg.Queue, bell, err)
 		}
 	}
@@ -101,7 +98,7 @@ func (l *Lane) Close() {
 	r.lanes.Store(&next)
 	r.mu.Unlock()
 	if l.bell >= 0 {
-		_ = unix.EpollCtl(r.epfd, unix.EPOLL_CTL_DEL, l.bell, nil)
+		_ = r.watchDoorbell(l.bell, unix.EPOLL_CTL_DEL)
 	}
 	r.sync()
 }

@@ -221,7 +221,12 @@ type Ring struct {
 	doorbell *shmq.Bell
 	// epfd is the epoll set the sleeping engine polls beside its
 	// provider: the ring's doorbell and every lane's own (lane.go).
-	epfd int
+	// epMu keeps lanes from changing it once closeDoorbells closed it
+	// (a session may close its lane of a ring closed before: its number
+	// may name another file by then); epClosed says so.
+	epfd     int
+	epMu     sync.Mutex
+	epClosed bool
 	// epoch counts engine iterations; synced is how far a writer that
 	// changed the endpoint table waits before freeing what it removed.
 	epoch    atomic.Uint64
@@ -368,8 +373,7 @@ func Open(cfg Config) (_ *Ring, err error) {
 		return nil, fmt.Errorf("ring %s/%d: epoll for the doorbells: %w (check the process's open-file limit)", cfg.Interface, cfg.Queue, err)
 	}
 	cleanups = append(cleanups, func() { unix.Close(r.epfd) })
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(r.doorbell.FD())}
-	if err := unix.EpollCtl(r.epfd, unix.EPOLL_CTL_ADD, r.doorbell.FD(), &ev); err != nil {
+	if err := r.watchDoorbell(r.doorbell.FD(), unix.EPOLL_CTL_ADD); err != nil {
 		return nil, fmt.Errorf("ring %s/%d: watch the doorbell: %w", cfg.Interface, cfg.Queue, err)
 	}
 	r.table.Store(&table{})
@@ -440,11 +444,28 @@ func (r *Ring) MTU() int { return int(r.mtu.Load()) }
 // closeDoorbells closes the epoll set and the ring's doorbell if it is the
 // ring's own.
 func (r *Ring) closeDoorbells() error {
+	r.epMu.Lock()
+	r.epClosed = true
 	err := unix.Close(r.epfd)
+	r.epMu.Unlock()
 	if r.cfg.Doorbell == nil {
 		err = errors.Join(err, r.doorbell.Close())
 	}
 	return err
+}
+
+// watchDoorbell adds the eventfd fd to the engine's epoll set
+// (unix.EPOLL_CTL_ADD) or removes it (unix.EPOLL_CTL_DEL), edge-triggered:
+// every write is an event, so the engine never reads the eventfds (a
+// system call per datagram saved).
+func (r *Ring) watchDoorbell(fd, op int) error {
+	r.epMu.Lock()
+	defer r.epMu.Unlock()
+	if r.epClosed {
+		return errRingClosed
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(fd)}
+	return unix.EpollCtl(r.epfd, op, fd, &ev)
 }
 
 // Doorbell is the ring's own eventfd that wakes the engine (which polls
