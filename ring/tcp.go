@@ -38,17 +38,10 @@ type tcpState struct {
 	stalled bool
 	// ports counts the kernel port reservations TCP sockets hold.
 	ports atomic.Int64
-	// delackReq are the connections' TCP_QUICKACK thresholds
-	// (tcp_delack.go); delackGen counts changes, so the engine looks
-	// only after one.
-	delackMu  sync.Mutex
-	delackReq map[tcpFlowKey]int
-	delackGen atomic.Uint64
-	// paceReq are the connections' pacing rates (TCPConn.SetPacing);
-	// paceGen counts changes, so the engine looks only after one.
-	paceMu  sync.Mutex
-	paceReq map[tcpFlowKey]*pacing.Rate
-	paceGen atomic.Uint64
+	// delack are the connections' TCP_QUICKACK thresholds
+	// (tcp_delack.go), pace their pacing rates (TCPConn.SetPacing).
+	delack connRequests[int]
+	pace   connRequests[*pacing.Rate]
 }
 
 // tcpFlowKey names a connection by its ends (engine-side per-connection

@@ -49,56 +49,20 @@ type delackState struct {
 // daemon sets it on connections with TCP_QUICKACK on when
 // BYPASSD_TCP_QUICKACK_THRESHOLD is set.
 func (c *TCPConn) SetQuickAckThreshold(n int) {
-	t := &c.r.tcp
-	k := tcpFlowKey{c.local, c.peer}
-	t.delackMu.Lock()
-	if n <= 0 {
-		if _, ok := t.delackReq[k]; !ok {
-			t.delackMu.Unlock()
-			return
-		}
-		delete(t.delackReq, k)
-	} else {
-		if t.delackReq == nil {
-			t.delackReq = map[tcpFlowKey]int{}
-		}
-		t.delackReq[k] = n
+	if c.r.tcp.delack.set(tcpFlowKey{c.local, c.peer}, n, n <= 0) {
+		_ = c.r.doorbell.Wake()
 	}
-	t.delackGen.Add(1)
-	t.delackMu.Unlock()
-	_ = c.r.doorbell.Wake()
 }
 
 // delackSync applies the threshold changes made since the last pass; a
 // connection that loses its threshold sends its held ACK.
 func (e *engine) delackSync() {
-	t := &e.r.tcp
 	ds := &e.delack
-	g := t.delackGen.Load()
-	if g == ds.gen {
-		return
-	}
-	ds.gen = g
-	if ds.conns == nil {
-		ds.conns = map[tcpFlowKey]*delackConn{}
-	}
-	t.delackMu.Lock()
-	defer t.delackMu.Unlock()
-	for k, n := range t.delackReq {
-		dc := ds.conns[k]
-		if dc == nil {
-			dc = &delackConn{}
-			ds.conns[k] = dc
-		}
-		dc.threshold = n
-	}
-	for k, dc := range ds.conns {
-		if _, ok := t.delackReq[k]; !ok {
-			dc.threshold = 0
-			dc.deadline = 0 // flushed at once
-			ds.dirty = true
-		}
-	}
+	applyRequests(&e.r.tcp.delack, &ds.gen, &ds.conns, func(dc *delackConn, n int) { dc.threshold = n }, func(dc *delackConn) {
+		dc.threshold = 0
+		dc.deadline = 0 // flushed at once
+		ds.dirty = true
+	})
 }
 
 // delackReceived notes the payload of a segment the stack is about to

@@ -68,56 +68,25 @@ type tcpPaceState struct {
 // on; nil removes pacing. As for Endpoint.SetPacing, the rate table is the
 // caller's business.
 func (c *TCPConn) SetPacing(r *pacing.Rate) {
-	t := &c.r.tcp
-	k := tcpFlowKey{c.local, c.peer}
-	t.paceMu.Lock()
-	if r == nil || r.Kbps == 0 {
-		if _, ok := t.paceReq[k]; !ok {
-			t.paceMu.Unlock()
-			return
-		}
-		delete(t.paceReq, k)
-	} else {
-		if t.paceReq == nil {
-			t.paceReq = map[tcpFlowKey]*pacing.Rate{}
-		}
-		rc := *r
-		t.paceReq[k] = &rc
+	var rc *pacing.Rate
+	if r != nil && r.Kbps != 0 {
+		v := *r
+		rc = &v
 	}
-	t.paceGen.Add(1)
-	t.paceMu.Unlock()
-	_ = c.r.doorbell.Wake()
+	if c.r.tcp.pace.set(tcpFlowKey{c.local, c.peer}, rc, rc == nil) {
+		_ = c.r.doorbell.Wake()
+	}
 }
 
 // tcpPaceSync applies the rate changes made since the last pass.
 func (e *engine) tcpPaceSync() {
-	t := &e.r.tcp
 	ps := &e.tcpPace
-	if g := t.paceGen.Load(); g != ps.gen {
-		ps.gen = g
-		if ps.conns == nil {
-			ps.conns = map[tcpFlowKey]*tcpPaced{}
+	applyRequests(&e.r.tcp.pace, &ps.gen, &ps.conns, func(pc *tcpPaced, r *pacing.Rate) {
+		if pc.applied == nil || *pc.applied != *r {
+			pc.applied = r
+			pc.pacer.Set(*r, e.monotonic())
 		}
-		now := e.monotonic()
-		t.paceMu.Lock()
-		for k, r := range t.paceReq {
-			pc := ps.conns[k]
-			if pc == nil {
-				pc = &tcpPaced{}
-				ps.conns[k] = pc
-			}
-			if pc.applied == nil || *pc.applied != *r {
-				pc.applied = r
-				pc.pacer.Set(*r, now)
-			}
-		}
-		for k, pc := range ps.conns {
-			if _, ok := t.paceReq[k]; !ok {
-				pc.applied = nil
-			}
-		}
-		t.paceMu.Unlock()
-	}
+	}, func(pc *tcpPaced) { pc.applied = nil })
 }
 
 // tcpPacedConn returns the paced connection p belongs to (nil: none, or
