@@ -506,7 +506,9 @@ func (t *TCPConn) Read(b []byte) (int, error) {
 
 // Write queues b for sending. It waits while the send queue is full (until
 // the write deadline; in non-blocking mode it fails with EAGAIN after
-// queueing what fits).
+// queueing what fits). Once the connection failed (a reset, a keepalive
+// or user timeout) it fails with the connection's error, for example one
+// matching unix.ECONNRESET.
 func (t *TCPConn) Write(b []byte) (int, error) {
 	t.life.RLock()
 	defer t.life.RUnlock()
@@ -517,6 +519,10 @@ func (t *TCPConn) Write(b []byte) (int, error) {
 	for sent < len(b) {
 		if err := t.deadErr(); err != nil {
 			return sent, t.opErr("write", err)
+		}
+		if e := t.tx.ConsumerError(); e != 0 {
+			// The connection failed: the daemon takes no more bytes.
+			return sent, t.opErr("write", unix.Errno(e))
 		}
 		if t.wrClosed.Load() {
 			return sent, t.opErr("write", unix.EPIPE)

@@ -222,6 +222,44 @@ func TestTCPRefusedAndReset(t *testing.T) {
 	}
 }
 
+// TestTCPWriteAfterReset: a client that only writes learns of the peer's
+// reset at a write, as with a kernel socket (the daemon sets its TX
+// queue's consumer error), not only at its next read.
+func TestTCPWriteAfterReset(t *testing.T) {
+	netlab.RequirePriv(t)
+	t.Parallel()
+	l := newTCPLab(t)
+	kl := l.p.B.NS.ListenTCP(t, netip.AddrPortFrom(l.p.B.Addr4(), 0))
+	go func() {
+		c, err := kl.Accept()
+		if err != nil {
+			return
+		}
+		_ = c.(*net.TCPConn).SetLinger(0)
+		c.Close() // RST
+	}()
+	c, err := l.c.DialTCP("tcp4", netip.AddrPort{}, kl.Addr().(*net.TCPAddr).AddrPort())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	chunk := make([]byte, 1024)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err = c.Write(chunk)
+		if err != nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !errors.Is(err, unix.ECONNRESET) {
+		t.Fatalf("writes for 10 s after the peer's reset: %v, want ECONNRESET", err)
+	}
+	if _, err := c.Write(chunk); !errors.Is(err, unix.ECONNRESET) {
+		t.Fatalf("the next write: %v, want ECONNRESET again", err)
+	}
+}
+
 // daemonConfigForTCP is the daemon of the TCP tests: AF_XDP only (no
 // standby TAP to set up and sweep), short spins, 256 KiB queues.
 func daemonConfigForTCP() config.Config {

@@ -31,7 +31,8 @@
 //	    72    8 dropped          producer only (atomic): records dropped because full
 //	    80   48 reserved         zero
 //	   128    8 consumer index   consumer only (atomic)
-//	   136   56 reserved         zero
+//	   136    4 consumer error   consumer sets an errno when it stops for good (atomic)
+//	   140   52 reserved         zero
 //	   192    4 consumer waiting consumer sets 1, producer clears (atomic)
 //	   196    4 producer waiting producer sets 1, consumer clears (atomic)
 //	   200   56 reserved         zero

@@ -31,6 +31,7 @@ const (
 	offProducer    = 64
 	offDropped     = 72
 	offConsumer    = 128
+	offConsError   = 136
 	offConsWaiting = 192
 	offProdWaiting = 196
 )
@@ -320,6 +321,21 @@ func (q *Queue) Free() int { return int(q.capacity) - q.Len() }
 // Dropped returns the producer's count of records dropped because the queue
 // was full (as written in shared memory, so peer-controlled).
 func (q *Queue) Dropped() uint64 { return atomic.LoadUint64(q.dropped) }
+
+// ConsumerError is the error number the consumer stored when it stopped
+// taking records for good (SetConsumerError), 0 while it takes them.
+// Safe from any goroutine.
+func (q *Queue) ConsumerError() uint32 {
+	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&q.mem[offConsError])))
+}
+
+// SetConsumerError tells the producer that the consumer takes no more
+// records, why as an error number (a stream socket's daemon side after
+// the connection failed: the client's next write fails with it). Consumer
+// side.
+func (q *Queue) SetConsumerError(errno uint32) {
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&q.mem[offConsError])), errno)
+}
 
 // AddDropped adds n to the shared dropped counter. Producer side.
 func (q *Queue) AddDropped(n uint64) { atomic.AddUint64(q.dropped, n) }

@@ -81,6 +81,7 @@ type Pump struct {
 	txOff      int  // bytes of the current TX data record already written
 	txBlocked  bool // the endpoint's send buffer is full
 	wrFailed   bool // writes failed: queued data is dropped (the read side reports why)
+	txFailed   bool // failTX told the client
 	// connErr is the connection's error a failed write or the end of
 	// the handshake took: gVisor hands a connection's error (a timeout,
 	// a reset) to the first call that asks, so a Read after it sees only
@@ -265,9 +266,29 @@ func (p *Pump) step() (work, corrupt bool) {
 	if corrupt {
 		return false, true
 	}
+	if p.wrFailed {
+		e := unix.EPIPE
+		if p.connErr != nil {
+			e = errnoOf(p.connErr)
+		}
+		p.failTX(e)
+	}
 	work = w || work
 	w, corrupt = p.toClient()
 	return w || work, corrupt
+}
+
+// failTX tells the client, once, that its writes go nowhere any more (the
+// connection failed): its TX queue's consumer error, and a wake-up for a
+// writer waiting for room. A client that only writes learns of a reset
+// at its next write, as from a kernel socket, not at its next read.
+func (p *Pump) failTX(e unix.Errno) {
+	if p.txFailed || e == 0 {
+		return
+	}
+	p.txFailed = true
+	p.cfg.TX.SetConsumerError(uint32(e))
+	_ = p.cfg.TXWait.Wake()
 }
 
 func errnoOf(err error) unix.Errno {
@@ -354,6 +375,9 @@ func (p *Pump) toClient() (work, corrupt bool) {
 			_ = rx.Commit(stream.EventLen, stream.TypeEvent)
 			if p.pending.Kind == stream.EOF || p.pending.Kind == stream.Error {
 				p.rxDone = true
+			}
+			if p.pending.Kind == stream.Error {
+				p.failTX(unix.Errno(p.pending.Errno))
 			}
 			p.pending = nil
 			work = true

@@ -156,6 +156,7 @@ struct bpq {
 	uint8_t *data; /* the data area (header + 256) */
 	_Atomic uint64_t *prod, *cons, *dropped;
 	_Atomic uint32_t *cons_waiting, *prod_waiting;
+	_Atomic uint32_t *cons_err; /* the consumer's errno once it stopped for good */
 	uint64_t cap, mask;
 	uint32_t max_payload;
 	/* producer side */
@@ -388,6 +389,7 @@ struct bpd_sock {
 	_Atomic int conn_err;  /* SO_ERROR: the failed handshake's or reset's errno, until read */
 	_Atomic int rd_eof;    /* the peer's FIN (or a reported error) was consumed */
 	_Atomic int rd_err;    /* an ERROR record consumed, not reported by a read yet */
+	_Atomic int err_reported; /* the connection's failure was reported (by a read or a write) */
 	uint32_t rx_off;       /* bytes of the head data record already read */
 	int linger_on, linger_secs;
 };

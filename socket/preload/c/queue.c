@@ -17,6 +17,7 @@ enum {
 	OFF_PROD = 64,
 	OFF_DROPPED = 72,
 	OFF_CONS = 128,
+	OFF_CONS_ERR = 136,
 	OFF_CONS_WAITING = 192,
 	OFF_PROD_WAITING = 196,
 };
@@ -41,6 +42,7 @@ static void setup(struct bpq *q, uint8_t *m, uint64_t cap, uint64_t prod, uint64
 	q->prod = (_Atomic uint64_t *)(void *)(m + OFF_PROD);
 	q->cons = (_Atomic uint64_t *)(void *)(m + OFF_CONS);
 	q->dropped = (_Atomic uint64_t *)(void *)(m + OFF_DROPPED);
+	q->cons_err = (_Atomic uint32_t *)(void *)(m + OFF_CONS_ERR);
 	q->cons_waiting = (_Atomic uint32_t *)(void *)(m + OFF_CONS_WAITING);
 	q->prod_waiting = (_Atomic uint32_t *)(void *)(m + OFF_PROD_WAITING);
 	q->cap = cap;

@@ -329,9 +329,27 @@ static void iov_move(struct iov_cursor *c, uint8_t *buf, size_t n, int out)
 	}
 }
 
+/* tx_failed: the connection failed and the daemon takes no more bytes
+ * (its TX queue's consumer error): its errno the first time the failure
+ * is reported (here or by a read), then EPIPE, as a kernel socket's
+ * writes after a reset. 0 while the connection is usable. */
+static int tx_failed(struct bpd_sock *s)
+{
+	int e = s->tx.cons_err ? (int)atomic_load(s->tx.cons_err) : 0;
+	if (!e)
+		return 0;
+	atomic_store(&s->shut_wr, 1);
+	if (atomic_exchange(&s->err_reported, 1))
+		return EPIPE;
+	atomic_store(&s->conn_err, 0); /* SO_ERROR is read with it, as sk_err */
+	return e;
+}
+
 ssize_t bpd_stream_send(struct bpd_sock *s, const struct msghdr *m, int flags)
 {
 	int err = bpd_sock_usable(s);
+	if (!err)
+		err = tx_failed(s);
 	if (!err && atomic_load(&s->shut_wr))
 		err = EPIPE;
 	if (!err && !s->connected && !atomic_load(&s->connecting)) {
@@ -355,6 +373,8 @@ ssize_t bpd_stream_send(struct bpd_sock *s, const struct msghdr *m, int flags)
 	 * daemon sends them once it is established. */
 	pthread_mutex_lock(&s->txmu);
 	while (sent < total) {
+		if ((err = tx_failed(s)))
+			break;
 		uint32_t chunk = total - sent < s->max_payload ? (uint32_t)(total - sent) : s->max_payload;
 		uint8_t *rec;
 		int q = bpq_reserve(&s->tx, chunk, &rec);
@@ -384,6 +404,8 @@ ssize_t bpd_stream_send(struct bpd_sock *s, const struct msghdr *m, int flags)
 	pthread_mutex_unlock(&s->txmu);
 	if (sent)
 		return (ssize_t)sent;
+	if (err == EPIPE && !(flags & MSG_NOSIGNAL))
+		raise(SIGPIPE);
 	errno = err;
 	return -1;
 }
@@ -457,8 +479,11 @@ ssize_t bpd_stream_recv(struct bpd_sock *s, struct msghdr *m, int flags)
 					break;
 				}
 				consume(s);
-				if (e.kind == BPD_EV_EOF) {
+				if (e.kind == BPD_EV_EOF || atomic_exchange(&s->err_reported, 1)) {
+					/* The end, or a failure a write reported. */
 					s->rd_eof = 1;
+					if (e.kind != BPD_EV_EOF)
+						atomic_store(&s->shut_wr, 1);
 				} else {
 					/* Reset or timed out: reads report it once,
 					 * SO_ERROR too, writes fail with EPIPE. */

@@ -17,7 +17,8 @@
  * readv, sendmsg/recvmsg), partial non-blocking writes, MSG_PEEK,
  * MSG_DONTWAIT, MSG_WAITALL, shutdown(SHUT_WR) with EOF to the reader,
  * epoll and poll readiness (data, EOF with EPOLLRDHUP and EPOLLHUP, a
- * reset: ECONNRESET once, then EOF and EPIPE), SO_LINGER 0 -> RST, listen + accept4 flags,
+ * reset: ECONNRESET once, then EOF and EPIPE; a writer's next write after
+ * a reset: ECONNRESET, then EPIPE), SO_LINGER 0 -> RST, listen + accept4 flags,
  * getsockname/getpeername, the TCP options, and fork (the child's
  * inherited socket fails with EBADFD). Prints "ok NAME" per check and
  * "bytes N" (sent through the library); exits 1 on a failure. */
@@ -354,6 +355,31 @@ static void test_peer_reset(void)
 	ok("peer reset: ECONNRESET, EOF, EPIPE, EPOLLHUP");
 }
 
+/* A program that only writes learns of the peer's reset at its next write,
+ * as with a kernel socket: ECONNRESET once, then EPIPE (SIGPIPE without
+ * MSG_NOSIGNAL), and its reads then see the end of the stream. */
+static void test_peer_reset_writer(void)
+{
+	int fd = connect_to(&reset_addr);
+	char chunk[1024];
+	memset(chunk, 'w', sizeof(chunk));
+	ssize_t r = 0;
+	for (int i = 0; i < 1000 && r >= 0; i++) {
+		r = send(fd, chunk, sizeof(chunk), MSG_NOSIGNAL);
+		if (r >= 0)
+			usleep(10 * 1000);
+	}
+	CHECK(r == -1 && errno == ECONNRESET, "a write after the peer's reset: ECONNRESET (got %zd)", r);
+	CHECK(send(fd, "x", 1, MSG_NOSIGNAL) == -1 && errno == EPIPE, "the next write: EPIPE");
+	signal(SIGPIPE, SIG_IGN);
+	CHECK(write(fd, "x", 1) == -1 && errno == EPIPE, "write(2): EPIPE (SIGPIPE ignored)");
+	signal(SIGPIPE, SIG_DFL);
+	char b[8];
+	CHECK(read(fd, b, sizeof(b)) == 0, "then a read: EOF (the reset was reported)");
+	close(fd);
+	ok("peer reset seen by a writer: ECONNRESET, EPIPE, EOF");
+}
+
 static void test_listen_accept(void)
 {
 	int l = tcp_socket(0);
@@ -472,6 +498,7 @@ int main(int argc, char **argv)
 	test_nonblocking_and_epoll();
 	test_reset();
 	test_peer_reset();
+	test_peer_reset_writer();
 	test_listen_accept();
 	test_fork();
 	test_transfers();
