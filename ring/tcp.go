@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -461,9 +462,10 @@ func carries(s qp.Steering, f qp.Flow) bool {
 }
 
 // addTCPAddrs gives the stack every address of the interface of addr's
-// family (all of them for the unspecified address).
-func (r *Ring) addTCPAddrs(s *tcpstack.Stack, v4 bool) ([]netip.Addr, error) {
-	addrs, err := r.interfaceAddrs(v4)
+// family (all of them for the unspecified address), as cached (fresh:
+// asked of the kernel again).
+func (r *Ring) addTCPAddrs(s *tcpstack.Stack, v4, fresh bool) ([]netip.Addr, error) {
+	addrs, err := r.cachedAddrs(v4, fresh)
 	if err != nil {
 		return nil, err
 	}
@@ -519,9 +521,17 @@ func (r *Ring) BindTCP(addr netip.AddrPort, reuseAddr bool) (*TCPBinding, error)
 	if err != nil {
 		return nil, fail(err)
 	}
-	ifAddrs, err := r.addTCPAddrs(s, addr.Addr().Is4())
-	if err != nil {
-		return nil, fail(err)
+	// The cached addresses first (two netlink round trips per bind
+	// otherwise); a miss asks the kernel again: the notification of an
+	// address just added may not have arrived yet.
+	var ifAddrs []netip.Addr
+	for _, fresh := range []bool{false, true} {
+		if ifAddrs, err = r.addTCPAddrs(s, addr.Addr().Is4(), fresh); err != nil {
+			return nil, fail(err)
+		}
+		if addr.Addr().IsUnspecified() && len(ifAddrs) > 0 || slices.Contains(ifAddrs, addr.Addr()) {
+			break
+		}
 	}
 	dsts := ifAddrs
 	if !addr.Addr().IsUnspecified() {

@@ -522,3 +522,28 @@ func acceptWithin(rl *ring.TCPListener, d time.Duration) (net.Conn, error) {
 		return nil, errors.New("no connection accepted")
 	}
 }
+
+// TestTCPBindNewAddress: a TCP bind takes the interface's addresses from
+// the ring's cache, and an address added since (whose notification may not
+// have arrived) is asked of the kernel again, so binding it at once works.
+func TestTCPBindNewAddress(t *testing.T) {
+	netlab.RequirePriv(t)
+	l := newLab(t, ring.Config{})
+	b, err := l.r.BindTCP(netip.AddrPortFrom(l.p.A.Addr4(), 0), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close() // the cache is warm
+	added := l.p.A.AddAddr4(t, 77)
+	b, err = l.r.BindTCP(netip.AddrPortFrom(added, 0), false)
+	if err != nil {
+		t.Fatalf("bind tcp to %v just added: %v", added, err)
+	}
+	if got := b.LocalAddr().Addr(); got != added {
+		t.Errorf("bound %v, want %v", got, added)
+	}
+	b.Close()
+	if _, err := l.r.BindTCP(netip.AddrPortFrom(netip.MustParseAddr("192.0.2.99"), 0), false); !errors.Is(err, unix.EADDRNOTAVAIL) {
+		t.Errorf("bind tcp to an address not on the interface: %v, want EADDRNOTAVAIL", err)
+	}
+}
