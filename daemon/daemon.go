@@ -56,6 +56,10 @@ type Daemon struct {
 	// nextSocket numbers sockets daemon-wide, so a socket id never names
 	// another client's socket by accident.
 	nextSocket atomic.Uint32
+	// ringDoorbells makes HELLO pass the rings' shared doorbells instead
+	// of lane doorbells, as daemons before lane doorbells did: the tests
+	// of a takeover from such a daemon set it.
+	ringDoorbells atomic.Bool
 
 	started time.Time
 	ctl     ctlCounters

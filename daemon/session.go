@@ -345,7 +345,7 @@ func (s *session) onHello(h ctlproto.Header, msg ctlproto.Message) bool {
 	}
 	var fds []int
 	if m.Flags&ctlproto.HelloFlagNoSockets == 0 {
-		mem, err := newSessionMemory(s.cred.Pid, cfg.MaxSockets, len(s.d.rings), cfg.MaxQueueMemory)
+		mem, err := newSessionMemory(s.cred.Pid, cfg.MaxSockets, len(s.d.rings), cfg.MaxQueueMemory, !s.d.ringDoorbells.Load())
 		if err != nil {
 			s.fail(h, fmt.Errorf("session memory: %w", err))
 			s.log.Warn("closing session: cannot create its shared memory", zap.Error(err))
@@ -355,8 +355,12 @@ func (s *session) onHello(h ctlproto.Header, msg ctlproto.Message) bool {
 		l := mem.sess.Layout()
 		reply.Lanes, reply.SessionSize = uint16(l.Lanes), uint64(l.Size)
 		fds = append(fds, mem.memfd, mem.wake.FD())
-		for _, b := range mem.bells {
-			fds = append(fds, b.FD())
+		for i, ri := range s.d.rings {
+			if mem.bells == nil {
+				fds = append(fds, ri.doorbell.FD())
+			} else {
+				fds = append(fds, mem.bells[i].FD())
+			}
 		}
 	}
 	s.hello = true

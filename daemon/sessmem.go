@@ -96,8 +96,9 @@ func (m *sessionMemory) stopPumps() {
 }
 
 // newSessionMemory creates the memory of a session allowed maxSockets
-// sockets, lanes rings and budget bytes of queues.
-func newSessionMemory(pid int32, maxSockets, lanes int, budget int64) (_ *sessionMemory, err error) {
+// sockets, lanes rings and budget bytes of queues, with a doorbell per
+// lane (laneBells) or none (its client rings the rings' doorbells).
+func newSessionMemory(pid int32, maxSockets, lanes int, budget int64, laneBells bool) (_ *sessionMemory, err error) {
 	l, err := shmsess.NewLayout(maxSockets, lanes, budget)
 	if err != nil {
 		return nil, err
@@ -119,7 +120,7 @@ func newSessionMemory(pid int32, maxSockets, lanes int, budget int64) (_ *sessio
 	if m.wake, err = shmq.NewBell(); err != nil {
 		return nil, fmt.Errorf("client eventfd: %w", err)
 	}
-	for range lanes {
+	for i := 0; laneBells && i < lanes; i++ {
 		b, err := shmq.NewBell()
 		if err != nil {
 			return nil, fmt.Errorf("lane doorbell: %w", err)

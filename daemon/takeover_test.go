@@ -77,13 +77,22 @@ func TestTakeoverUnderTraffic(t *testing.T) {
 	// Only the current version: state documents before version 3 carry
 	// per-socket memfds, which control protocol version 2 (one session
 	// memory per client) no longer has, so there is no roll-back to them.
-	testTakeoverUnderTraffic(t, TakeoverOptions{MinState: takeover.MinVersion, MaxState: takeover.Version})
+	testTakeoverUnderTraffic(t, TakeoverOptions{MinState: takeover.MinVersion, MaxState: takeover.Version}, false)
 }
 
-func testTakeoverUnderTraffic(t *testing.T, opts TakeoverOptions) {
+// TestTakeoverFromRingDoorbells: the same from a daemon whose clients ring
+// the rings' shared doorbells (before lane doorbells): the new daemon
+// serves their lanes through the ring's doorbell.
+func TestTakeoverFromRingDoorbells(t *testing.T) {
+	t.Parallel()
+	testTakeoverUnderTraffic(t, TakeoverOptions{MinState: takeover.MinVersion, MaxState: takeover.Version}, true)
+}
+
+func testTakeoverUnderTraffic(t *testing.T, opts TakeoverOptions, ringDoorbells bool) {
 	// 4,096 frames: the sockets' RX rings hold 2,048, what an engine
 	// starved on a loaded machine (race detector on) needs in hand.
 	l := newLab(t, config.Config{QueueBytes: 1 << 20, Frames: 4096})
+	l.d.ringDoorbells.Store(ringDoorbells)
 	c := helloClient(t, l)
 	const nsock = 4
 	var socks []*clientSocket
@@ -194,6 +203,13 @@ func testTakeoverUnderTraffic(t *testing.T, opts TakeoverOptions) {
 		t.Fatalf("takeover: %v", err)
 	}
 	t.Logf("takeover took %v; sent %d", time.Since(start), st.sent.Load())
+	d2.mu.Lock()
+	for s := range d2.sessions {
+		if s.mem != nil && (s.mem.bells == nil) != ringDoorbells {
+			t.Errorf("adopted session of pid %d: lane doorbells %v, want %v", s.cred.Pid, s.mem.bells != nil, !ringDoorbells)
+		}
+	}
+	d2.mu.Unlock()
 	select {
 	case err := <-l.served:
 		l.served <- err
@@ -207,17 +223,7 @@ func testTakeoverUnderTraffic(t *testing.T, opts TakeoverOptions) {
 	waitFor("traffic after the takeover", func() bool { return st.received.Load() >= atTakeover+1000 })
 	close(sendStop)
 	<-sendDone
-	waitFor("every datagram", func() bool {
-		if st.received.Load() >= st.sent.Load() {
-			return true
-		}
-		if time.Since(start) > 15*time.Second && false {
-			r2 := d2.Rings()[0].Stats()
-			t.Logf("sent %d received %d; new ring rx %d backlog %d queue_full %d no_endpoint %d", st.sent.Load(), st.received.Load(),
-				r2.RXPackets.Load(), r2.RXKernelBacklog.Load(), r2.RXQueueFull.Load(), r2.RXNoEndpoint.Load())
-		}
-		return false
-	})
+	waitFor("every datagram", func() bool { return st.received.Load() >= st.sent.Load() })
 	close(stop)
 	wg.Wait()
 	sent := st.sent.Load()
