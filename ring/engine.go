@@ -200,10 +200,10 @@ type engine struct {
 	lanesOf *[]*Lane
 	events  []unix.EpollEvent
 	// rungDue: the last sleep ended with a doorbell event pending;
-	// lastRung is when takeRung last looked (a busy engine looks every
-	// rungEvery).
+	// lastRung is when takeRung last looked (e.now's clock; a busy engine
+	// looks every rungEvery).
 	rungDue  bool
-	lastRung time.Time
+	lastRung int64
 	// visits counts endpoint visits, published per iteration.
 	visits uint64
 	// stg stages built frames in device memory (staging.go).
@@ -281,8 +281,9 @@ const rungEvery = 20 * time.Microsecond
 // rang, and by in-process users.
 func (e *engine) collect() {
 	r := e.r
-	if now := time.Now(); e.rungDue || now.Sub(e.lastRung) >= rungEvery {
-		e.rungDue, e.lastRung = false, now
+	// e.now: the pass's clock, read by paceAdvance.
+	if e.rungDue || e.now-e.lastRung >= int64(rungEvery) {
+		e.rungDue, e.lastRung = false, e.now
 		e.takeRung()
 	}
 	for i := 0; i < len(e.hot); {
