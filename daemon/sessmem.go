@@ -141,23 +141,22 @@ func adoptSessionMemory(memfd, wakefd int, bellfds []int, size int64, maxSlots, 
 			m.close()
 		}
 	}()
+	if m.wake, err = shmq.NewBellFD(wakefd); err != nil { // closes wakefd on error
+		for _, fd := range bellfds {
+			unix.Close(fd)
+		}
+		return nil, fmt.Errorf("client eventfd: %w", err)
+	}
+	// takeover.State's check made sure there is one per lane, or none.
 	for i, fd := range bellfds {
 		b, err := shmq.NewBellFD(fd) // closes fd on error
 		if err != nil {
 			for _, fd := range bellfds[i+1:] {
 				unix.Close(fd)
 			}
-			unix.Close(wakefd)
 			return nil, fmt.Errorf("lane doorbell %d: %w", i, err)
 		}
 		m.bells = append(m.bells, b)
-	}
-	if len(m.bells) != 0 && len(m.bells) != lanes {
-		unix.Close(wakefd)
-		return nil, fmt.Errorf("session memory: %d lane doorbells for %d lanes", len(m.bells), lanes)
-	}
-	if m.wake, err = shmq.NewBellFD(wakefd); err != nil { // closes wakefd on error
-		return nil, fmt.Errorf("client eventfd: %w", err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(memfd, &st); err != nil || st.Size != size {
@@ -180,9 +179,9 @@ func (m *sessionMemory) lane(r *ring.Ring, index int) (*ring.Lane, error) {
 	if l := m.lanes[r]; l != nil {
 		return l, nil
 	}
-	bell := -1
+	var bell *shmq.Bell
 	if m.bells != nil {
-		bell = m.bells[index].FD()
+		bell = m.bells[index]
 	}
 	l, err := r.AddLane(m.sess.Lane(index), m.sess.Layout().MaxSlots, bell)
 	if err != nil {

@@ -344,15 +344,15 @@ func (e *engine) takeRung() {
 			e.laneOf = map[int32]*Lane{}
 		}
 		for _, l := range *lanes {
-			if l.bell >= 0 {
-				e.laneOf[int32(l.bell)] = l
+			if l.bell != nil {
+				e.laneOf[int32(l.bell.FD())] = l
 			}
 		}
 	}
 	for _, ev := range e.events[:n] {
 		if int(ev.Fd) == r.doorbell.FD() {
 			for _, l := range *e.lanesOf {
-				if l.bell < 0 && !l.hot && !l.closed.Load() && l.ln.Pending() {
+				if l.bell == nil && !l.hot && !l.closed.Load() && l.ln.Pending() {
 					e.serve(l)
 				}
 			}

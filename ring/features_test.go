@@ -290,11 +290,11 @@ func testCallerQueues(t *testing.T, sendFirst, ringDoorbell bool) {
 		t.Fatal(err)
 	}
 	defer laneBell.Close()
-	bellFD := laneBell.FD()
+	laneOwn := laneBell
 	if ringDoorbell {
-		bellFD = -1
+		laneOwn = nil
 	}
-	lane, err := l.r.AddLane(sess.Lane(0), lay.MaxSlots, bellFD)
+	lane, err := l.r.AddLane(sess.Lane(0), lay.MaxSlots, laneOwn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +325,7 @@ func testCallerQueues(t *testing.T, sendFirst, ringDoorbell bool) {
 		}
 		return cw
 	}
-	bfd, err := unix.Dup(bellFD)
+	bfd, err := unix.Dup(laneBell.FD())
 	if ringDoorbell {
 		bfd, err = unix.Dup(l.r.Doorbell().FD())
 	}
@@ -351,7 +351,11 @@ func testCallerQueues(t *testing.T, sendFirst, ringDoorbell bool) {
 			t.Fatal(err)
 		}
 		// Let the engine drain the announcement, finding no endpoint.
-		time.Sleep(50 * time.Millisecond)
+		for deadline := time.Now().Add(10 * time.Second); sess.Lane(0).Pending(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the engine did not drain the announcement made before the bind")
+			}
+		}
 	}
 	ep, err := l.r.Bind(netip.AddrPortFrom(l.p.A.Addr4(), 0), ring.BindOptions{Queues: &ring.Queues{TX: txq, RX: rxq, QueueBytes: capacity,
 		Wake: ring.SessionWaker(sess, slot, clientWake), Lane: lane, Slot: slot}})

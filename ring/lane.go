@@ -24,11 +24,11 @@ import (
 type Lane struct {
 	r  *Ring
 	ln *shmsess.Lane
-	// bell is the lane's doorbell eventfd (owned by the caller of
-	// AddLane), or -1 for a lane whose client rings the ring's shared
-	// doorbell (a session adopted from a daemon that had no lane
-	// doorbells): the engine then scans those lanes when that rings.
-	bell int
+	// bell is the lane's doorbell (owned by the caller of AddLane), or
+	// nil for a lane whose client rings the ring's shared doorbell (a
+	// session adopted from a daemon that had no lane doorbells): the
+	// engine then scans those lanes when that rings.
+	bell *shmq.Bell
 	// closed is set by Close; the engine drops the lane without
 	// touching its block again.
 	closed atomic.Bool
@@ -56,31 +56,31 @@ const laneChunkSlots = 256
 type laneChunk [laneChunkSlots]atomic.Pointer[Endpoint]
 
 // AddLane registers a session's lane block with the ring for slots 0 ..
-// slots-1, with bell the lane's doorbell eventfd, which the session's
-// client writes when it finds the lane armed (-1: the client writes the
+// slots-1, with bell the lane's doorbell, which the session's client
+// writes when it finds the lane armed (nil: the client writes the
 // ring's shared Doorbell). The caller keeps owning bell and closes it
 // after the lane. Close the lane when the session ends (after its
 // endpoints).
-func (r *Ring) AddLane(ln *shmsess.Lane, slots, bell int) (*Lane, error) {
+func (r *Ring) AddLane(ln *shmsess.Lane, slots int, bell *shmq.Bell) (*Lane, error) {
 	chunks := (slots + laneChunkSlots - 1) / laneChunkSlots
 	l := &Lane{r: r, ln: ln, bell: bell, chunks: make([]atomic.Pointer[laneChunk], chunks),
 		early: make([]atomic.Uint64, chunks*laneChunkSlots/64)}
-	if bell >= 0 {
-		if err := r.watchDoorbell(bell, unix.EPOLL_CTL_ADD); err != nil {
-			return nil, fmt.Errorf("ring %s/%d: watch a lane doorbell (fd %d): %w", r.cfg.Interface, r.cfg.Queue, bell, err)
+	if bell != nil {
+		if err := r.watchDoorbell(bell.FD(), unix.EPOLL_CTL_ADD); err != nil {
+			return nil, fmt.Errorf("ring %s/%d: watch a lane doorbell (fd %d): %w (one epoll watch per client session and ring: raise fs.epoll.max_user_watches)", r.cfg.Interface, r.cfg.Queue, bell.FD(), err)
 		}
 	}
 	// Armed from the start; the engine looks at the lane once (the ring
 	// or lane doorbell below) in case the block holds announcements
 	// already (a ring opened again, an adopted session).
-	l.ln.Arm()
+	_ = l.ln.ArmSleep()
 	r.mu.Lock()
 	old := r.lanes.Load()
 	next := append(slices.Clone(*old), l)
 	r.lanes.Store(&next)
 	r.mu.Unlock()
-	if bell >= 0 {
-		_ = shmq.WakeFD(bell)
+	if bell != nil {
+		_ = bell.Wake()
 	} else {
 		_ = r.doorbell.Wake()
 	}
@@ -97,8 +97,8 @@ func (l *Lane) Close() {
 	next := slices.DeleteFunc(slices.Clone(old), func(x *Lane) bool { return x == l })
 	r.lanes.Store(&next)
 	r.mu.Unlock()
-	if l.bell >= 0 {
-		_ = r.watchDoorbell(l.bell, unix.EPOLL_CTL_DEL)
+	if l.bell != nil {
+		_ = r.watchDoorbell(l.bell.FD(), unix.EPOLL_CTL_DEL)
 	}
 	r.sync()
 }

@@ -491,8 +491,6 @@ type TCPBinding struct {
 	dsts []netip.Addr
 	port *tcpPort
 	used atomic.Bool
-	// reuseAddr: SO_REUSEADDR (SetReuseAddr).
-	reuseAddr bool
 }
 
 // SetReuseAddr sets SO_REUSEADDR for Listen and Connect: a listener may
@@ -501,7 +499,6 @@ type TCPBinding struct {
 // and once this socket's own connections wait in TIME-WAIT, a later
 // socket setting it may bind the port.
 func (b *TCPBinding) SetReuseAddr(on bool) {
-	b.reuseAddr = on
 	b.port.reuse.Store(on)
 }
 
@@ -551,7 +548,7 @@ func (r *Ring) BindTCP(addr netip.AddrPort, reuseAddr bool) (*TCPBinding, error)
 	if err != nil {
 		return nil, fail(err)
 	}
-	return &TCPBinding{r: r, s: s, local: unmap(port.resv.Addr()), dsts: dsts, port: port, reuseAddr: reuseAddr}, nil
+	return &TCPBinding{r: r, s: s, local: unmap(port.resv.Addr()), dsts: dsts, port: port}, nil
 }
 
 // LocalAddr returns the bound address with its port.
@@ -614,7 +611,7 @@ func (b *TCPBinding) Listen(backlog int) (*TCPListener, error) {
 	}
 	l := &TCPListener{r: r, local: b.local, port: b.port, done: make(chan struct{})}
 	var err error
-	if l.l, err = b.s.Listen(b.local, backlog, b.reuseAddr); err != nil {
+	if l.l, err = b.s.Listen(b.local, backlog, b.port.reuse.Load()); err != nil {
 		b.port.disown(false)
 		return nil, fmt.Errorf("ring %s/%d: listen tcp %v: %w", r.cfg.Interface, r.cfg.Queue, b.local, err)
 	}
@@ -788,7 +785,7 @@ func (b *TCPBinding) Connect(ctx context.Context, raddr netip.AddrPort, setup fu
 		b.port.disown(false)
 		return nil, fail(err)
 	}
-	if c.ep, err = b.s.Connect(local, raddr, b.reuseAddr, setup); err != nil {
+	if c.ep, err = b.s.Connect(local, raddr, b.port.reuse.Load(), setup); err != nil {
 		r.unsteerTCP([]qp.Flow{c.flow})
 		b.port.disown(false)
 		return nil, fail(err)

@@ -58,10 +58,6 @@ func (b *Bell) Wake() error {
 	return addToken(b.fd)
 }
 
-// WakeFD adds one wake-up token to the eventfd fd, which the caller keeps
-// open meanwhile. It never blocks.
-func WakeFD(fd int) error { return addToken(fd) }
-
 // Close closes the eventfd. Closing twice returns ErrClosed.
 func (b *Bell) Close() error {
 	b.mu.Lock()

@@ -106,11 +106,6 @@ func (ln *Lane) ArmSleep() (pending bool) {
 	return ln.Pending()
 }
 
-// Arm sets the sleep flag, so the client rings the lane's doorbell on its
-// next announcement (a lane registered with an engine that does not serve
-// it yet).
-func (ln *Lane) Arm() { atomic.StoreUint32(ln.sleeping, 1) }
-
 // DisarmSleep withdraws ArmSleep after the engine woke up, so clients do
 // not write the doorbell while it runs.
 func (ln *Lane) DisarmSleep() {
