@@ -398,7 +398,7 @@ func (s *session) describeState(tab *takeover.Table, ringIndex map[*ringInfo]int
 		for _, b := range m.bells {
 			bfd, err := dup(b.FD())
 			if err != nil {
-				return ss, fmt.Errorf("duplicate a lane doorbell: %w", err)
+				return ss, fmt.Errorf("duplicate a lane doorbell: %w (check the process's open-file limit)", err)
 			}
 			ss.Doorbells = append(ss.Doorbells, tab.Add(bfd))
 		}

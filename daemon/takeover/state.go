@@ -261,7 +261,7 @@ func (s *State) checkRefs(n int) error {
 		add(bad(fmt.Sprintf("session %d memory", ss.PID), ss.Memory, false))
 		add(bad(fmt.Sprintf("session %d client eventfd", ss.PID), ss.ClientWake, mem))
 		if len(ss.Doorbells) != 0 && (!mem || len(ss.Doorbells) != ss.Lanes) {
-			add(fmt.Errorf("session %d: %d lane doorbells for %d lanes", ss.PID, len(ss.Doorbells), ss.Lanes))
+			add(fmt.Errorf("session %d: %d lane doorbells for %d lanes: the state document is inconsistent (the old bypassd keeps serving; upgrade by restarting instead of --takeover)", ss.PID, len(ss.Doorbells), ss.Lanes))
 		}
 		for i, fd := range ss.Doorbells {
 			add(bad(fmt.Sprintf("session %d lane %d doorbell", ss.PID, i), fd, true))
