@@ -27,11 +27,20 @@ type Bell struct {
 // NewBell creates a Bell over a new eventfd (EFD_NONBLOCK|EFD_CLOEXEC),
 // whose sleeping side polls FD itself or is in another process.
 func NewBell() (*Bell, error) {
-	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	fd, err := newEventfd()
 	if err != nil {
-		return nil, fmt.Errorf("shmq: create eventfd: %w (check the process's open-file limit)", err)
+		return nil, err
 	}
 	return &Bell{fd: fd}, nil
+}
+
+// newEventfd creates a non-blocking, close-on-exec eventfd.
+func newEventfd() (int, error) {
+	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("shmq: create eventfd: %w (check the process's open-file limit)", err)
+	}
+	return fd, nil
 }
 
 // NewBellFD wraps an eventfd received from the peer and takes ownership of

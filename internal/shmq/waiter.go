@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -35,19 +33,18 @@ func (timeoutError) Is(target error) bool { return target == os.ErrDeadlineExcee
 // goroutine, not an OS thread, and Close unblocks it. Only one goroutine
 // should Wait at a time (one wake-up token serves one sleeper).
 type Waiter struct {
-	fd int      // kept separately: f.Fd() would switch the shared file description to blocking mode
-	f  *os.File // owns fd; Wait reads through it (netpoller, deadline, Close unblocks)
-	// mu keeps Close from closing fd (and the number being reused) while
-	// Wake writes to it directly, which avoids allocating per wake-up.
-	mu     sync.RWMutex
-	closed atomic.Bool
+	// Bell wakes (FD, Wake): it writes fd directly, which avoids
+	// allocating per wake-up; fd is kept there because f.Fd() would
+	// switch the shared file description to blocking mode.
+	Bell
+	f *os.File // owns fd; Wait reads through it (netpoller, deadline, Close unblocks)
 }
 
 // NewWaiter creates a Waiter over a new eventfd (EFD_NONBLOCK|EFD_CLOEXEC).
 func NewWaiter() (*Waiter, error) {
-	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	fd, err := newEventfd()
 	if err != nil {
-		return nil, fmt.Errorf("shmq: create eventfd: %w (check the process's open-file limit)", err)
+		return nil, err
 	}
 	return newWaiter(fd), nil
 }
@@ -91,25 +88,12 @@ func adoptEventfd(fd int) error {
 
 func newWaiter(fd int) *Waiter {
 	// fd is non-blocking, so os.NewFile registers it with the netpoller.
-	return &Waiter{fd: fd, f: os.NewFile(uintptr(fd), "shmq-eventfd")}
+	return &Waiter{Bell: Bell{fd: fd}, f: os.NewFile(uintptr(fd), "shmq-eventfd")}
 }
 
-// FD returns the eventfd, e.g. to send it to the peer or to poll it from an
-// event loop. It stays owned by the Waiter and is invalid after Close.
-func (w *Waiter) FD() int { return w.fd }
-
-// Wake adds one wake-up token. It never blocks: a saturated eventfd counter
-// (only possible if the peer wrote a huge value) already means "readable".
-func (w *Waiter) Wake() error {
-	w.mu.RLock()
-	defer w.mu.RUnlock()
-	if w.closed.Load() {
-		return ErrClosed
-	}
-	return addToken(w.fd)
-}
-
-// addToken adds one wake-up token to the eventfd fd.
+// addToken adds one wake-up token to the eventfd fd. It never blocks: a
+// saturated eventfd counter (only possible if the peer wrote a huge
+// value) already means "readable".
 func addToken(fd int) error {
 	buf := [8]byte{1} // the value 1 in native (little-endian) byte order
 	for {
