@@ -43,7 +43,7 @@ func TestTCPCloseWriteFullQueue(t *testing.T) {
 		_ = c.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
 		n, err := c.Write(b)
 		written += int64(n)
-		if isTimeoutErr(err) {
+		if isTimeout(err) {
 			break
 		}
 		if err != nil {
@@ -51,7 +51,7 @@ func TestTCPCloseWriteFullQueue(t *testing.T) {
 		}
 	}
 	_ = c.SetWriteDeadline(time.Now().Add(-time.Second))
-	if err := c.CloseWrite(); !isTimeoutErr(err) {
+	if err := c.CloseWrite(); !isTimeout(err) {
 		t.Fatalf("CloseWrite with the queue full and the deadline passed: %v, want a timeout", err)
 	}
 	got := make(chan int64, 1)

@@ -79,7 +79,7 @@ func TestTCPPacing(t *testing.T) {
 		b := make([]byte, 64<<10)
 		for ctx.Err() == nil {
 			_ = c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
-			if _, err := c.Write(b); err != nil && ctx.Err() == nil && !isTimeoutErr(err) {
+			if _, err := c.Write(b); err != nil && ctx.Err() == nil && !isTimeout(err) {
 				wrote <- err
 				return
 			}
@@ -189,11 +189,6 @@ func TestTCPPacing(t *testing.T) {
 type counter struct{ n *atomic.Int64 }
 
 func (c counter) Write(b []byte) (int, error) { c.n.Add(int64(len(b))); return len(b), nil }
-
-func isTimeoutErr(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
-}
 
 // tcpArrival is one captured frame: kernel receive time, frame bytes,
 // and whether it carried TCP payload.
