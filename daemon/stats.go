@@ -353,7 +353,7 @@ func (d *Daemon) socketBlock(k *socket) stats.Socket {
 	// socket's queue headers would fault its pages into the daemon (two
 	// per socket, 800 MB for 100,000 sockets). A socket whose first
 	// datagrams still wait in its TX queue reads 0 until one is sent.
-	if b.Counters[stats.SockRXPackets]|b.Counters[stats.SockTXPackets]|b.Counters[stats.SockRXDropped]|b.Counters[stats.SockTXErrors]|b.Counters[stats.SockTXUnreachable] != 0 && k.tx != nil {
+	if k.tx != nil && stats.SocketActivity(func(x stats.SocketCounter) uint64 { return b.Counters[x] }) != 0 {
 		b.Counters[stats.SockRXQueueBytes] = uint64(shmq.Occupancy(k.rx, k.queueBytes))
 		b.Counters[stats.SockTXQueueBytes] = uint64(shmq.Occupancy(k.tx, k.queueBytes))
 	}

@@ -166,6 +166,13 @@ const socketCounterCap = 24
 // SocketCounters are one socket's counters (or a client's totals).
 type SocketCounters [NumSocketCounters]uint64
 
+// SocketActivity is a socket's datagrams both ways, drops included (a
+// socket that only drops is busy too), from its counters as get reads
+// them (totals or rates).
+func SocketActivity(get func(SocketCounter) uint64) uint64 {
+	return get(SockRXPackets) + get(SockTXPackets) + get(SockRXDropped) + get(SockTXErrors) + get(SockTXUnreachable)
+}
+
 var socketCounterNames = [NumSocketCounters]string{
 	"rx_packets", "rx_bytes", "rx_dropped", "rx_batches", "rx_wakeups", "rx_queue_bytes", "rx_queue_max_bytes",
 	"rx_kernel_packets", "rx_kernel_bytes",

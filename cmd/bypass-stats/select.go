@@ -78,10 +78,9 @@ type listed struct {
 	c *stats.Snapshot
 }
 
-// socketActivity is what --sort activity orders by: datagrams both ways,
-// drops included (a socket that only drops is busy too).
+// socketActivity is what --sort activity orders by (stats.SocketActivity).
 func socketActivity(c *stats.SocketCounters) uint64 {
-	return c[stats.SockRXPackets] + c[stats.SockTXPackets] + c[stats.SockRXDropped] + c[stats.SockTXErrors] + c[stats.SockTXUnreachable]
+	return stats.SocketActivity(func(x stats.SocketCounter) uint64 { return c[x] })
 }
 
 // shown returns the sockets of clients a per-socket view prints (-s, then
@@ -98,8 +97,7 @@ func (v *viewer) shown(clients []*stats.Snapshot) ([]listed, string) {
 	activity := func(l listed) uint64 {
 		if v.deltas() && !v.t.isDaemon() {
 			// Rates: the busiest now, not the busiest ever.
-			return v.sock(l.s, stats.SockRXPackets) + v.sock(l.s, stats.SockTXPackets) + v.sock(l.s, stats.SockRXDropped) +
-				v.sock(l.s, stats.SockTXErrors) + v.sock(l.s, stats.SockTXUnreachable)
+			return stats.SocketActivity(func(x stats.SocketCounter) uint64 { return v.sock(l.s, x) })
 		}
 		return socketActivity(&l.s.Counters)
 	}
