@@ -168,12 +168,18 @@ func (e *engine) tcpTransmit() (int, error) {
 	e.tcpPaceSync()
 	var postErr error
 	n := s.Outbound(func(p *tcpstack.Packet) tcpstack.Verdict {
-		if len(e.delack.conns) > 0 && e.delackOutbound(p) {
-			return tcpstack.Held
-		}
-		if pc := e.tcpPacedConn(p); pc != nil {
-			pc.q = append(pc.q, *p)
-			return tcpstack.Held
+		// The connection's delayed-ACK and pacing state, looked up with
+		// one parse of the headers, only when some connection has either.
+		if len(e.delack.conns) > 0 || len(e.tcpPace.conns) > 0 {
+			if sg, ok := parseTCPSegment(p.IP, false); ok {
+				if len(e.delack.conns) > 0 && e.delackOutbound(p, sg) {
+					return tcpstack.Held
+				}
+				if pc := e.tcpPacedConn(sg); pc != nil {
+					pc.q = append(pc.q, *p)
+					return tcpstack.Held
+				}
+			}
 		}
 		d, v := e.tcpDest(p)
 		if d == nil {

@@ -83,14 +83,10 @@ func (e *engine) delackReceived(ip []byte) {
 	}
 }
 
-// delackOutbound holds p if it is the pure ACK of a single large segment;
-// any other packet of the connection replaces a held ACK. held reports
-// that the engine kept p.
-func (e *engine) delackOutbound(p *tcpstack.Packet) (held bool) {
-	sg, ok := parseTCPSegment(p.IP, false)
-	if !ok {
-		return false
-	}
+// delackOutbound holds p (its headers parsed: sg) if it is the pure ACK
+// of a single large segment; any other packet of the connection replaces
+// a held ACK. held reports that the engine kept p.
+func (e *engine) delackOutbound(p *tcpstack.Packet, sg tcpSegment) (held bool) {
 	dc := e.delack.conns[tcpFlowKey{sg.local, sg.remote}]
 	if dc == nil {
 		return false

@@ -89,16 +89,12 @@ func (e *engine) tcpPaceSync() {
 	}, func(pc *tcpPaced) { pc.applied = nil })
 }
 
-// tcpPacedConn returns the paced connection p belongs to (nil: none, or
-// one no longer paced whose queue is empty). Pure ACKs are not paced (as
+// tcpPacedConn returns the paced connection of a packet whose headers are
+// sg (nil: none, or one no longer paced whose queue is empty). Pure ACKs are not paced (as
 // Linux's fq does not pace them): queued behind the connection's data they
 // would slow the peer's sending, and they carry no payload to pace.
-func (e *engine) tcpPacedConn(p *tcpstack.Packet) *tcpPaced {
-	if len(e.tcpPace.conns) == 0 {
-		return nil
-	}
-	sg, ok := parseTCPSegment(p.IP, false)
-	if !ok || sg.payload == 0 && sg.flags == tcpFlagACK {
+func (e *engine) tcpPacedConn(sg tcpSegment) *tcpPaced {
+	if len(e.tcpPace.conns) == 0 || sg.payload == 0 && sg.flags == tcpFlagACK {
 		return nil
 	}
 	pc := e.tcpPace.conns[tcpFlowKey{sg.local, sg.remote}]
